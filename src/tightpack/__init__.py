@@ -1,0 +1,35 @@
+"""tightpack: sequence packing for LLM and VLM fine-tuning.
+
+The package root exports the planner and the offline pipeline; see the README for the command line.
+"""
+
+from tightpack.core.alignment import alignment_multiple
+from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
+from tightpack.core.stats import PackStats, pack_stats
+from tightpack.errors import TightpackError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALGORITHMS",
+    "PackConfig",
+    "PackPlan",
+    "PackResult",
+    "PackStats",
+    "TightpackError",
+    "__version__",
+    "alignment_multiple",
+    "pack_dataset",
+    "pack_stats",
+    "plan_packs",
+]
+assert __all__ == sorted(__all__)
+
+
+def __getattr__(name: str):
+    # The pipeline pulls in tokenizers and pyarrow; import it only when asked for.
+    if name in ("PackConfig", "PackResult", "pack_dataset"):
+        from tightpack import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'tightpack' has no attribute {name!r}")

@@ -1,0 +1,313 @@
+"""The ``tightpack`` command line: ``pack`` and ``inspect``.
+
+User errors (`TightpackError`, bad options) print one line on stderr and exit with status 2; there is
+no traceback for them. Progress goes to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tightpack import __version__
+from tightpack.errors import TightpackError
+
+app = typer.Typer(
+    name="tightpack",
+    help="Sequence packing for LLM and VLM fine-tuning.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+stdout = Console()
+stderr = Console(stderr=True)
+
+DEMO_OUTPUT = Path("packed-demo")
+DEMO_PACK_SIZE = 4096
+
+
+class Format(str, Enum):
+    auto = "auto"
+    prompt_completion = "prompt-completion"
+    chat = "chat"
+
+
+class LossOn(str, Enum):
+    assistant = "assistant"
+    last_turn = "last-turn"
+    all = "all"
+
+
+class Algorithm(str, Enum):
+    bfd = "bfd"
+    ffd = "ffd"
+    first_fit = "first_fit"
+    first_fit_shuffle = "first_fit_shuffle"
+
+
+class LongSamples(str, Enum):
+    truncate = "truncate"
+    drop = "drop"
+    error = "error"
+
+
+class OutputFormat(str, Enum):
+    parquet = "parquet"
+    npy = "npy"
+
+
+def _default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class _RichProgress:
+    """`tightpack.pipeline.Progress` on a rich progress display (stderr)."""
+
+    def __init__(self, display: Progress) -> None:
+        self.display, self.task = display, None
+
+    def begin(self, stage: str, total: int | None) -> None:
+        self.task = self.display.add_task(stage, total=total)
+
+    def advance(self, amount: int) -> None:
+        self.display.advance(self.task, amount)
+
+    def end(self) -> None:
+        completed = self.display.tasks[self.task].completed
+        self.display.update(self.task, total=completed, completed=completed)
+
+
+@app.command()
+def pack(
+    inputs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="JSONL or Parquet files. None: the embedded default corpus (chitchat conversations)."
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Output folder (default for the demo: ./packed-demo)."),
+    ] = None,
+    pack_size: Annotated[
+        int | None, typer.Option(help="Pack capacity in runtime tokens (default for the demo: 4096).")
+    ] = None,
+    max_seq_length: Annotated[
+        int | None, typer.Option(help="Per-sample cap in runtime tokens (default: the pack size).")
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="Hugging Face tokenizer folder or tokenizer.json (default: built-in GPT-2)."),
+    ] = None,
+    format: Annotated[Format, typer.Option("--format", help="Sample format.")] = Format.auto,
+    loss_on: Annotated[
+        LossOn, typer.Option(help="Chat loss: assistant turns, the last turn, or all tokens.")
+    ] = LossOn.assistant,
+    input_key: Annotated[str, typer.Option(help="Prompt key of prompt-completion rows.")] = "input",
+    output_key: Annotated[str, typer.Option(help="Completion key of prompt-completion rows.")] = "output",
+    prompt_template: Annotated[
+        str | None,
+        typer.Option(help='Prompt template, ending with the output key (default "{input} {output}").'),
+    ] = None,
+    algorithm: Annotated[Algorithm, typer.Option(help="Packing algorithm.")] = Algorithm.bfd,
+    pad_seq_to_mult: Annotated[
+        int | None, typer.Option(help="Per-sequence alignment multiple (or derive it from --tp/--cp/--sp).")
+    ] = None,
+    tp: Annotated[int, typer.Option(help="Tensor parallel size (for the alignment multiple).")] = 1,
+    cp: Annotated[int, typer.Option(help="Context parallel size (for the alignment multiple).")] = 1,
+    sp: Annotated[
+        bool, typer.Option("--sp", help="Sequence parallelism (for the alignment multiple).")
+    ] = False,
+    long_samples: Annotated[
+        LongSamples,
+        typer.Option(help="Samples above the cap: truncate (keep the beginning), drop, or error."),
+    ] = LongSamples.truncate,
+    pad_to_max_length: Annotated[
+        bool, typer.Option("--pad-to-max-length", help="Record: collate every pack to the full pack size.")
+    ] = False,
+    pad_cu_seqlens: Annotated[
+        bool, typer.Option("--pad-cu-seqlens", help="Record: static boundary shapes (CUDA graphs).")
+    ] = False,
+    workers: Annotated[
+        int | None, typer.Option(help="Tokenization processes (default: the CPU count).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of first_fit_shuffle.")] = 0,
+    skip_bad_lines: Annotated[
+        bool, typer.Option("--skip-bad-lines", help="Skip and count bad rows instead of stopping.")
+    ] = False,
+    output_format: Annotated[
+        OutputFormat, typer.Option(help="parquet, or the legacy npy format.")
+    ] = OutputFormat.parquet,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing output folder.")
+    ] = False,
+) -> None:
+    """Tokenize samples and pack them into Megatron-Bridge-readable packed Parquet."""
+    from tightpack.pipeline import PackConfig, pack_dataset
+    from tightpack.prepare.formats import FormatConfig
+
+    if inputs:
+        if output is None:
+            raise TightpackError("--output is required when inputs are given")
+        if pack_size is None:
+            raise TightpackError(
+                "--pack-size is required when inputs are given (the model's sequence length)"
+            )
+    output = output or DEMO_OUTPUT
+    config = PackConfig(
+        packed_sequence_size=pack_size or DEMO_PACK_SIZE,
+        max_seq_length=max_seq_length,
+        pad_seq_to_mult=pad_seq_to_mult,
+        tp=tp,
+        cp=cp,
+        sp=sp,
+        algorithm=algorithm.value,
+        seed=seed,
+        long_samples=long_samples.value,
+        pad_to_max_length=pad_to_max_length,
+        pad_cu_seqlens=pad_cu_seqlens,
+        workers=workers or _default_workers(),
+        skip_bad_lines=skip_bad_lines,
+        output_format=output_format.value,
+        format=FormatConfig(
+            format=format.value,
+            input_key=input_key,
+            output_key=output_key,
+            prompt_template=prompt_template,
+            loss_on=loss_on.value,
+        ),
+    )
+    columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=stderr) as display:
+        result = pack_dataset(
+            inputs or None,
+            output,
+            config,
+            tokenizer=tokenizer,
+            overwrite=overwrite,
+            progress=_RichProgress(display),
+        )
+    _print_summary(result)
+
+
+def _print_summary(result) -> None:
+    counts, stats = result.counts, result.stats
+    best_efficiency = stats.tokens / (max(stats.lower_bound, 1) * stats.pack_size)
+    table = Table(title=f"tightpack pack -> {result.output}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("samples in", f"{counts['samples_in']:,}"),
+        ("packed", f"{counts['packed']:,}"),
+        ("  of which truncated", f"{counts['truncated']:,}"),
+        ("dropped (too long)", f"{counts['dropped_long']:,}"),
+        ("dropped (no supervised token)", f"{counts['no_supervised']:,}"),
+        ("bad rows skipped", f"{counts['bad_rows']:,}"),
+        ("tokens packed / in", f"{counts['tokens_packed']:,} / {counts['tokens_in']:,}"),
+        ("supervised tokens packed / in", f"{counts['supervised_packed']:,} / {counts['supervised_in']:,}"),
+        ("alignment padding tokens", f"{counts['alignment_padding']:,}"),
+        ("packs (lower bound)", f"{stats.packs:,} ({stats.lower_bound:,})"),
+        ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {best_efficiency:.2%})"),
+        ("packing factor", f"{stats.packing_factor:.2f} samples/pack (max {stats.max_samples_per_pack})"),
+    ]
+    rows += [(f"time {stage}", f"{seconds:.2f} s") for stage, seconds in result.stage_seconds.items()]
+    for name, value in rows:
+        table.add_row(name, value)
+    stdout.print(table)
+    for bad in result.bad_rows[:5]:
+        stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False)
+    if len(result.bad_rows) > 5:
+        stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")
+
+
+@app.command()
+def inspect(
+    path: Annotated[
+        str, typer.Argument(help="Packed dataset: folder, Parquet file or glob, or legacy .npy.")
+    ],
+    pack_size: Annotated[
+        int | None, typer.Option(help="Pack size, for the fill ratio when there is no manifest.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Summarize a packed dataset (ours or Megatron-Bridge's)."""
+    from tightpack.inspect import summarize_packed
+
+    summary = summarize_packed(path, pack_size=pack_size)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"packed dataset {summary['path']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for key, value in summary.items():
+        if key in ("path", "manifest"):
+            continue
+        text = (
+            f"{value:,.4f}"
+            if isinstance(value, float)
+            else f"{value:,}"
+            if isinstance(value, int)
+            else str(value)
+        )
+        table.add_row(key.replace("_", " "), text)
+    manifest = summary.get("manifest")
+    if manifest:
+        settings = manifest["settings"]
+        table.add_row("algorithm", settings["algorithm"])
+        table.add_row("alignment multiple", str(settings["pad_seq_to_mult"]))
+        table.add_row("tokenizer", manifest["tokenizer"]["name"])
+        for key, value in manifest["counts"].items():
+            table.add_row(f"count {key.replace('_', ' ')}", f"{value:,}")
+    stdout.print(table)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"tightpack {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """Sequence packing for LLM and VLM fine-tuning."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app, turning user errors into one line and exit status 2."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except TightpackError as error:
+        stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.ClickException as error:
+        stderr.print(f"error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except click.exceptions.Abort:
+        stderr.print("aborted")
+        return 130
+    except KeyboardInterrupt:
+        stderr.print("interrupted")
+        return 130
+    return code if isinstance(code, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The token store: tokenized samples as flat memory-mapped arrays on disk.
+
+Layout of a store folder (all little-endian, native numpy ``.bin`` files):
+
+- ``tokens.bin``     int32 ``[total_tokens]``: every sample's token ids, back to back (EOS included);
+- ``loss_mask.bin``  int8  ``[total_tokens]``: 1 where the token is a training target (unshifted: the
+  flag belongs to the token itself, not to the position that predicts it);
+- ``offsets.bin``    int64 ``[num_samples + 1]``: sample ``i`` is ``tokens[offsets[i]:offsets[i+1]]``;
+- ``source_index.bin`` int64 ``[num_samples]``: the input row each sample came from;
+- ``store.json``     counts and a format version.
+
+Samples are appended chunk by chunk; memory never holds more than one chunk of tokens. Readers map
+the files, so a store of any size opens in constant memory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["TokenStore", "TokenStoreWriter"]
+
+_FORMAT_VERSION = 1
+
+
+class TokenStoreWriter:
+    """Append-only writer of a token store folder.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> writer = TokenStoreWriter(folder)
+    >>> tokens, mask = np.array([5, 6, 7], np.int32), np.array([0, 1, 1], np.int8)
+    >>> writer.append(tokens, mask, lengths=np.array([2, 1]), source_index=np.array([0, 1]))
+    >>> store = writer.close()
+    >>> store.sample_tokens(1).tolist(), store.lengths.tolist()
+    ([7], [2, 1])
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._tokens = open(self.directory / "tokens.bin", "wb")  # closed in close()
+        self._mask = open(self.directory / "loss_mask.bin", "wb")
+        self._lengths: list[np.ndarray] = []
+        self._sources: list[np.ndarray] = []
+
+    def append(
+        self, tokens: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray, source_index: np.ndarray
+    ) -> None:
+        """Append samples: their concatenated ``tokens`` and ``loss_mask``, per-sample ``lengths`` and
+        source rows. ``lengths`` must sum to ``len(tokens)``."""
+        if (
+            int(np.sum(lengths)) != len(tokens)
+            or len(tokens) != len(loss_mask)
+            or len(lengths) != len(source_index)
+        ):
+            raise ValueError("token store append: tokens, loss_mask, lengths and source_index disagree")
+        self._tokens.write(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
+        self._mask.write(np.ascontiguousarray(loss_mask, dtype=np.int8).tobytes())
+        self._lengths.append(np.asarray(lengths, dtype=np.int64))
+        self._sources.append(np.asarray(source_index, dtype=np.int64))
+
+    def close(self) -> TokenStore:
+        """Finish the files and open the store for reading."""
+        self._tokens.close()
+        self._mask.close()
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        offsets.tofile(self.directory / "offsets.bin")
+        sources = np.concatenate(self._sources) if self._sources else np.zeros(0, np.int64)
+        sources.tofile(self.directory / "source_index.bin")
+        meta = {
+            "format_version": _FORMAT_VERSION,
+            "num_samples": len(lengths),
+            "num_tokens": int(offsets[-1]),
+        }
+        (self.directory / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return TokenStore.open(self.directory)
+
+
+def _map(path: Path, dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+@dataclass(frozen=True)
+class TokenStore:
+    """A read-only token store (see the module docstring for the layout)."""
+
+    directory: Path
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    offsets: np.ndarray
+    source_index: np.ndarray
+
+    @classmethod
+    def open(cls, directory: str | Path) -> TokenStore:
+        directory = Path(directory)
+        meta = json.loads((directory / "store.json").read_text())
+        if meta.get("format_version") != _FORMAT_VERSION:
+            raise ValueError(
+                f"token store {directory} has format {meta.get('format_version')}, expected {_FORMAT_VERSION}"
+            )
+        n, total = meta["num_samples"], meta["num_tokens"]
+        return cls(
+            directory=directory,
+            tokens=_map(directory / "tokens.bin", np.int32, total),
+            loss_mask=_map(directory / "loss_mask.bin", np.int8, total),
+            offsets=np.fromfile(directory / "offsets.bin", dtype=np.int64, count=n + 1),
+            source_index=np.fromfile(directory / "source_index.bin", dtype=np.int64, count=n),
+        )
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Stored length of every sample (tokens, EOS included), int64 ``[num_samples]``."""
+        return np.diff(self.offsets)
+
+    def sample_tokens(self, index: int) -> np.ndarray:
+        return np.asarray(self.tokens[self.offsets[index] : self.offsets[index + 1]])
+
+    def sample_loss_mask(self, index: int) -> np.ndarray:
+        return np.asarray(self.loss_mask[self.offsets[index] : self.offsets[index + 1]])

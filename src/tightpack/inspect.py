@@ -1,0 +1,118 @@
+"""Summaries of packed datasets on disk: ours, Megatron-Bridge's Parquet, or legacy ``.npy``.
+
+Reads the rows column by column, one row group at a time, so any size summarizes in bounded memory.
+A tightpack output folder also has a manifest (settings, counts); a Megatron-Bridge output has
+neither, so the pack size is taken from ``--pack-size`` or from a metadata file when one is given.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tightpack.core import legacy_npy
+from tightpack.core.paths import resolve_parquet_spec
+from tightpack.errors import TightpackError
+
+__all__ = ["summarize_packed"]
+
+_REQUIRED = ("input_ids", "loss_mask", "seq_start_id")
+
+
+def _row_batches(path: str):
+    """(stored length per row, sequences per row, label-aligned supervised tokens per row) per row group."""
+    if path.lower().endswith(".npy"):
+        rows = legacy_npy.read_legacy_npy(path)
+        yield (
+            np.array([len(r["input_ids"]) for r in rows], dtype=np.int64),
+            np.array([len(r["seq_start_id"]) for r in rows], dtype=np.int64),
+            np.array([int(np.asarray(r["loss_mask"]).sum()) for r in rows], dtype=np.int64),
+        )
+        return
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        raise TightpackError(f"{path}: not a readable Parquet file ({error})") from error
+    missing = [c for c in _REQUIRED if c not in parquet.schema_arrow.names]
+    if missing:
+        raise TightpackError(
+            f"Packed Parquet file {path!r} is missing required columns: {', '.join(missing)}"
+        )
+    try:
+        for group in range(parquet.num_row_groups):
+            table = parquet.read_row_group(group, columns=list(_REQUIRED))
+            input_ids = table.column("input_ids").combine_chunks()
+            mask = table.column("loss_mask").combine_chunks()
+            mask_offsets = mask.offsets.to_numpy()
+            mask_values = mask.values.to_numpy(zero_copy_only=False).astype(np.int64)
+            cumulative = np.concatenate(([0], np.cumsum(mask_values)))
+            yield (
+                pc.list_value_length(input_ids).to_numpy(zero_copy_only=False).astype(np.int64),
+                pc.list_value_length(table.column("seq_start_id")).to_numpy().astype(np.int64),
+                cumulative[mask_offsets[1:]] - cumulative[mask_offsets[:-1]],
+            )
+    except (OSError, pa.ArrowException) as error:
+        raise TightpackError(f"{path}: cannot read row group {group} ({error})") from error
+
+
+def _files(path: Path) -> list[str]:
+    if path.is_file() and path.suffix.lower() == ".npy":
+        return [str(path)]
+    if path.is_dir() and not any(path.glob("*.parquet")) and not any(path.glob("*.pq")):
+        npy = sorted(str(p) for p in path.glob("*.npy"))
+        if npy:
+            return npy
+    return resolve_parquet_spec(path)
+
+
+def summarize_packed(path: str | Path, *, pack_size: int | None = None) -> dict[str, Any]:
+    """Summary of a packed dataset: files, packs, sequences, tokens, supervised tokens, fill.
+
+    ``path`` is a file, folder or glob. Runtime tokens of a row are its stored tokens minus one per
+    sequence (labels are the tokens shifted by one). ``pack_size`` defaults to the manifest's.
+    """
+    path = Path(path)
+    manifest = None
+    if path.is_dir() and (path / "manifest.json").is_file():
+        manifest = json.loads((path / "manifest.json").read_text())
+        pack_size = pack_size or manifest["settings"]["packed_sequence_size"]
+    files = _files(path)
+    stored, sequences, supervised = [], [], []
+    for file in files:
+        for lengths, counts, labels in _row_batches(file):
+            stored.append(lengths)
+            sequences.append(counts)
+            supervised.append(labels)
+    stored = np.concatenate(stored) if stored else np.zeros(0, np.int64)
+    sequences = np.concatenate(sequences) if sequences else np.zeros(0, np.int64)
+    supervised = np.concatenate(supervised) if supervised else np.zeros(0, np.int64)
+    if len(stored) == 0:
+        raise TightpackError(f"packed dataset {str(path)!r} is empty (0 rows)")
+    runtime = stored - sequences
+    summary: dict[str, Any] = {
+        "path": str(path),
+        "files": len(files),
+        "packs": len(stored),
+        "sequences": int(sequences.sum()),
+        "runtime_tokens": int(runtime.sum()),
+        "supervised_tokens": int(supervised.sum()),
+        "max_samples_per_pack": int(sequences.max()),
+        "min_packed_length": int(runtime.min()),
+        "max_packed_length": int(runtime.max()),
+        "mean_packed_length": float(runtime.mean()),
+        "packing_factor": float(sequences.sum() / len(stored)),
+        "pack_size": pack_size,
+    }
+    if pack_size:
+        summary["efficiency"] = float(runtime.sum() / (len(stored) * pack_size))
+        summary["over_pack_size"] = int((runtime > pack_size).sum())
+    if manifest is not None:
+        summary["manifest"] = {k: manifest[k] for k in ("settings", "tokenizer", "counts", "sources")}
+    return summary

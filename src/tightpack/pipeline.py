@@ -1,0 +1,420 @@
+"""The offline path end to end: rows -> token store -> lengths -> plan -> packed Parquet.
+
+`pack_dataset` is what ``tightpack pack`` runs. Stages: read and tokenize (K workers) into a token
+store, apply alignment and the long-sample policy to the lengths, plan the packs, write the shards,
+the metadata and the manifest. The output folder appears atomically: everything is written into a
+hidden staging folder next to it, which is renamed into place at the end.
+
+Accounting: every input row ends in exactly one of *packed* (possibly *truncated*), *dropped* (too
+long, with ``long_samples="drop"``), *no supervised token* (nothing to learn from, dropped), or
+*bad row* (skipped with ``skip_bad_lines``). Tokens and supervised tokens lost are counted too. The
+manifest lists the source row of every sample that is not packed whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from tightpack import __version__
+from tightpack.core import legacy_npy
+from tightpack.core.alignment import aligned_lengths, alignment_multiple, length_cap
+from tightpack.core.packed_parquet import (
+    default_row_group_size,
+    file_digest,
+    gather_packs,
+    write_packed_parquet,
+)
+from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
+from tightpack.core.stats import PackStats, pack_stats
+from tightpack.core.token_store import TokenStore
+from tightpack.errors import TightpackError
+from tightpack.prepare.formats import FormatConfig
+from tightpack.prepare.sources import open_sources
+from tightpack.prepare.tokenize import BadRow, tokenize_to_store
+from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
+
+__all__ = ["MANIFEST_NAME", "METADATA_NAME", "PackConfig", "PackResult", "Progress", "pack_dataset"]
+
+MANIFEST_NAME = "manifest.json"
+METADATA_NAME = "metadata.json"
+_CHUNK_ROWS = 512  # rows per tokenization chunk; fixed, so the output does not depend on --workers
+_SUM_CHUNK_TOKENS = 1 << 24
+
+LongSamples = Literal["truncate", "drop", "error"]
+
+
+@dataclass(kw_only=True)
+class PackConfig:
+    """Settings of an offline packing run (Megatron-Bridge names where the concept is the same).
+
+    Attributes:
+        packed_sequence_size: pack capacity P in runtime tokens (``--pack-size``).
+        max_seq_length: per-sample cap L in runtime tokens; None means P. Must be <= P.
+        pad_seq_to_mult: per-sequence alignment multiple m; None derives it from tp/cp/sp.
+        tp, cp, sp: tensor/context parallel sizes and sequence parallelism, for the derived m.
+        algorithm: planner algorithm (`tightpack.core.planner.ALGORITHMS`).
+        seed: seed of the planner's shuffle (``first_fit_shuffle``).
+        long_samples: samples with runtime length above the cap: ``truncate`` keeps the first
+            ``cap + 1`` stored tokens (the beginning of the sample; the tail and its EOS are cut),
+            ``drop`` leaves them out, ``error`` stops the run.
+        pad_to_max_length, pad_cu_seqlens: recorded for the runtime collate (fixed width; static
+            boundary shapes for CUDA graphs, which needs the fixed width).
+        workers: tokenization processes.
+        skip_bad_lines: count and report bad rows instead of stopping at the first one.
+        row_group_size: packs per Parquet row group; None picks about 256k tokens per group.
+        output_format: ``parquet`` (shards ``packs-NNNNN.idx.parquet``) or legacy ``npy`` (``packs.npy``).
+        format: how rows become text (`tightpack.prepare.formats.FormatConfig`).
+    """
+
+    packed_sequence_size: int
+    max_seq_length: int | None = None
+    pad_seq_to_mult: int | None = None
+    tp: int = 1
+    cp: int = 1
+    sp: bool = False
+    algorithm: str = "bfd"
+    seed: int = 0
+    long_samples: LongSamples = "truncate"
+    pad_to_max_length: bool = False
+    pad_cu_seqlens: bool = False
+    workers: int = 1
+    skip_bad_lines: bool = False
+    row_group_size: int | None = None
+    output_format: Literal["parquet", "npy"] = "parquet"
+    format: FormatConfig = field(default_factory=FormatConfig)
+
+    @property
+    def multiple(self) -> int:
+        if self.pad_seq_to_mult is not None:
+            return self.pad_seq_to_mult
+        return alignment_multiple(tp=self.tp, cp=self.cp, sp=self.sp)
+
+    @property
+    def cap(self) -> int:
+        return length_cap(self.max_seq_length or self.packed_sequence_size, self.multiple)
+
+    def validate(self) -> None:
+        """Check every setting before any work; raises `TightpackError` naming the setting and the fix."""
+        size = self.packed_sequence_size
+        if not isinstance(size, int) or size < 2:
+            raise TightpackError(f"--pack-size must be an integer of at least 2, got {size!r}")
+        if self.max_seq_length is not None and not 1 <= self.max_seq_length <= size:
+            raise TightpackError(
+                f"--max-seq-length ({self.max_seq_length}) must be between 1 and --pack-size ({size})"
+            )
+        if self.pad_seq_to_mult is not None and self.pad_seq_to_mult < 1:
+            raise TightpackError(f"--pad-seq-to-mult must be a positive integer, got {self.pad_seq_to_mult}")
+        if self.pad_seq_to_mult is not None and (self.tp, self.cp, self.sp) != (1, 1, False):
+            raise TightpackError("give either --pad-seq-to-mult or --tp/--cp/--sp, not both")
+        if self.algorithm not in ALGORITHMS:
+            raise TightpackError(
+                f"unknown --algorithm {self.algorithm!r}; choose one of {sorted(ALGORITHMS)}"
+            )
+        if self.long_samples not in ("truncate", "drop", "error"):
+            raise TightpackError(f"--long-samples must be truncate, drop or error, got {self.long_samples!r}")
+        if self.pad_cu_seqlens and not self.pad_to_max_length:
+            raise TightpackError(
+                "--pad-cu-seqlens needs --pad-to-max-length (static shapes need a fixed width)"
+            )
+        if self.workers < 1:
+            raise TightpackError(f"--workers must be at least 1, got {self.workers}")
+        if self.row_group_size is not None and self.row_group_size < 1:
+            raise TightpackError(f"row_group_size must be at least 1, got {self.row_group_size}")
+        if self.output_format not in ("parquet", "npy"):
+            raise TightpackError(f"output format must be parquet or npy, got {self.output_format!r}")
+        self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that changes the output (not ``workers``: the output is identical for any K)."""
+        values = asdict(self)
+        values.pop("workers")
+        values.update(
+            pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size
+        )
+        return values
+
+
+class Progress(Protocol):
+    """Receives progress: a stage begins (with a total, or None), advances, ends."""
+
+    def begin(self, stage: str, total: int | None) -> None: ...
+    def advance(self, amount: int) -> None: ...
+    def end(self) -> None: ...
+
+
+class _NoProgress:
+    def begin(self, stage: str, total: int | None) -> None:
+        pass
+
+    def advance(self, amount: int) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+@dataclass
+class PackResult:
+    """What a run produced: the output folder, counts, plan statistics and time per stage (s)."""
+
+    output: Path
+    counts: dict[str, int]
+    stats: PackStats
+    stage_seconds: dict[str, float]
+    files: list[dict]
+    bad_rows: list[BadRow]
+
+
+def pack_dataset(
+    inputs: Iterable[Any] | str | Path | None,
+    output: str | Path,
+    config: PackConfig,
+    *,
+    tokenizer: str | Path | TokenizerSpec | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> PackResult:
+    """Pack SFT samples into Megatron-Bridge-readable packed Parquet.
+
+    Args:
+        inputs: JSONL/Parquet paths, a ``datasets.Dataset``, an iterable of row dicts, or None for
+            the embedded default corpus.
+        output: output folder; refused when it exists unless ``overwrite``.
+        config: the run's settings.
+        tokenizer: a tokenizer path, a loaded `TokenizerSpec`, or None for the built-in GPT-2.
+
+    Example::
+
+        result = pack_dataset(["train.jsonl"], "packed", PackConfig(packed_sequence_size=4096))
+        print(result.stats.efficiency)
+    """
+    config.validate()
+    progress = progress or _NoProgress()
+    output = Path(output)
+    _check_output(output, overwrite)
+    times: dict[str, float] = {}
+    clock = time.perf_counter()
+    spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
+    sources = open_sources(inputs)
+    times["load"] = time.perf_counter() - clock
+
+    staging = output.parent / f".{output.name}.partial-{uuid.uuid4().hex[:12]}"
+    staging.mkdir(parents=True)
+    try:
+        clock = time.perf_counter()
+        total_rows = (
+            sum(s.estimated_rows for s in sources) if all(s.estimated_rows for s in sources) else None
+        )
+        progress.begin("tokenize", total_rows)
+        report = tokenize_to_store(
+            _chunks(sources),
+            spec,
+            config.format,
+            staging / "_store",
+            workers=config.workers,
+            skip_bad_rows=config.skip_bad_lines,
+            on_rows=progress.advance,
+        )
+        progress.end()
+        times["tokenize"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        progress.begin("plan", 1)
+        store = report.store
+        counts, keep, aligned, excluded = _account(store, config, report)
+        if not keep.any():
+            raise TightpackError(
+                f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
+                f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
+            )
+        kept = np.flatnonzero(keep)
+        local_plan = plan_packs(
+            aligned[kept], config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed
+        )
+        plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
+        stats = pack_stats(plan, aligned, config.packed_sequence_size)
+        progress.advance(1)
+        progress.end()
+        times["plan"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        progress.begin("write", len(plan))
+        files = _write(store, plan, aligned, staging, spec.eos_id, config, progress)
+        (staging / METADATA_NAME).write_text(json.dumps([stats.megatron_metadata()], indent=2) + "\n")
+        times["write"] = time.perf_counter() - clock
+        manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
+        progress.end()
+        shutil.rmtree(staging / "_store")
+        _publish(staging, output)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return PackResult(output, counts, stats, times, files, report.bad_rows)
+
+
+def _chunks(sources):
+    first = 0
+    for source in sources:
+        for chunk in source.read(first, _CHUNK_ROWS):
+            first = chunk.first_sample + len(chunk)
+            yield chunk
+
+
+def _check_output(output: Path, overwrite: bool) -> None:
+    if not output.exists():
+        return
+    if not overwrite:
+        raise TightpackError(f"output {str(output)!r} already exists; pass --overwrite to replace it")
+    if not output.is_dir() or (any(output.iterdir()) and not (output / MANIFEST_NAME).is_file()):
+        raise TightpackError(
+            f"refusing to overwrite {str(output)!r}: it is not a tightpack output folder (no {MANIFEST_NAME})"
+        )
+
+
+def _publish(staging: Path, output: Path) -> None:
+    """Move the finished staging folder into place; an old output is replaced, never merged."""
+    if output.exists():
+        retired = output.parent / f".{output.name}.old-{uuid.uuid4().hex[:12]}"
+        output.rename(retired)
+        staging.rename(output)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        staging.rename(output)
+
+
+def _label_supervised(store: TokenStore, keep_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Label-aligned supervised tokens of every sample, whole and within its first ``keep_tokens``
+    stored tokens: ``sum(mask[1:n])`` and ``sum(mask[1:keep])`` (token 0 is never a target)."""
+    n = len(store)
+    whole, kept = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    offsets = store.offsets
+    first = 0
+    while first < n:
+        stop = max(
+            first + 1, int(np.searchsorted(offsets, offsets[first] + _SUM_CHUNK_TOKENS, side="right")) - 1
+        )
+        stop = min(stop, n)
+        base = offsets[first]
+        cumulative = np.zeros(offsets[stop] - base + 1, dtype=np.int64)
+        np.cumsum(store.loss_mask[base : offsets[stop]], out=cumulative[1:])
+        starts = offsets[first:stop] - base
+        whole[first:stop] = cumulative[offsets[first + 1 : stop + 1] - base] - cumulative[starts + 1]
+        kept[first:stop] = cumulative[starts + keep_tokens[first:stop]] - cumulative[starts + 1]
+        first = stop
+    return whole, kept
+
+
+def _account(store: TokenStore, config: PackConfig, report):
+    """Apply the long-sample policy and the no-supervision rule; count everything."""
+    stored = store.lengths
+    runtime = stored - 1
+    cap = config.cap
+    long = runtime > cap
+    if long.any() and config.long_samples == "error":
+        first = int(np.flatnonzero(long)[0])
+        raise TightpackError(
+            f"{int(long.sum())} samples are longer than the cap of {cap} tokens (first: source row "
+            f"{int(store.source_index[first])}, {int(runtime[first])} tokens); use --long-samples "
+            "truncate|drop or a larger --pack-size/--max-seq-length"
+        )
+    keep_tokens = np.minimum(stored, cap + 1)
+    supervised_whole, supervised_kept = _label_supervised(store, keep_tokens)
+    dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
+    truncated = long & ~dropped_long
+    no_supervised = ~dropped_long & (supervised_kept == 0)
+    keep = ~dropped_long & ~no_supervised
+    aligned = aligned_lengths(np.minimum(runtime, cap), config.multiple, cap)
+    real = np.minimum(runtime, cap)
+    counts = {
+        "samples_in": report.rows_read,
+        "bad_rows": len(report.bad_rows),
+        "tokenized": len(store),
+        "packed": int(keep.sum()),
+        "truncated": int((truncated & keep).sum()),
+        "dropped_long": int(dropped_long.sum()),
+        "no_supervised": int(no_supervised.sum()),
+        "tokens_in": int(runtime.sum()),
+        "tokens_packed": int(real[keep].sum()),
+        "tokens_lost": int(runtime.sum() - real[keep].sum()),
+        "supervised_in": int(supervised_whole.sum()),
+        "supervised_packed": int(supervised_kept[keep].sum()),
+        "supervised_lost": int(supervised_whole.sum() - supervised_kept[keep].sum()),
+        "alignment_padding": int((aligned - real)[keep].sum()),
+    }
+    excluded = {
+        "truncated": store.source_index[truncated & keep].tolist(),
+        "dropped_long": store.source_index[dropped_long].tolist(),
+        "no_supervised": store.source_index[no_supervised].tolist(),
+    }
+    return counts, keep, aligned, excluded
+
+
+def _write(store, plan, aligned, staging: Path, pad_id: int, config: PackConfig, progress) -> list[dict]:
+    if config.output_format == "npy":
+        rows = []
+        for first in range(0, len(plan), 1024):
+            stop = min(first + 1024, len(plan))
+            packed = gather_packs(store, plan, aligned, pad_id, first, stop)
+            for row in range(stop - first):
+                tokens = slice(packed.row_offsets[row], packed.row_offsets[row + 1])
+                seqs = slice(packed.seq_offsets[row], packed.seq_offsets[row + 1])
+                rows.append(
+                    {
+                        "input_ids": packed.input_ids[tokens],
+                        "loss_mask": packed.loss_mask[tokens],
+                        "seq_start_id": packed.seq_start_id[seqs],
+                        "sample_index": packed.sample_index[seqs],
+                        "seq_len": packed.seq_len[seqs],
+                    }
+                )
+            progress.advance(stop - first)
+        path = staging / "packs.npy"
+        legacy_npy.write_legacy_npy(path, rows)
+        return [{"name": path.name, "rows": len(plan), **file_digest(path)}]
+    row_group_size = config.row_group_size or default_row_group_size(config.packed_sequence_size)
+    return write_packed_parquet(
+        store, plan, aligned, staging, pad_id=pad_id, row_group_size=row_group_size, on_packs=progress.advance
+    )
+
+
+def _manifest(config, spec, sources, counts, stats, files, excluded, bad_rows) -> dict:
+    source_identity = [s.identity for s in sources]
+    source_fingerprint = hashlib.sha256(json.dumps(source_identity, sort_keys=True).encode()).hexdigest()
+    settings = config.settings()
+    run_fingerprint = hashlib.sha256(
+        json.dumps([settings, spec.fingerprint, source_fingerprint], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    backend = spec.build()
+    return {
+        "format": "tightpack.packed/1",
+        "tightpack_version": __version__,
+        "fingerprint": run_fingerprint,
+        "settings": settings,
+        "tokenizer": {
+            "name": spec.name,
+            "fingerprint": spec.fingerprint,
+            "vocab_size": backend.get_vocab_size(with_added_tokens=True),
+            "eos_id": spec.eos_id,
+            "eos_token": spec.eos_token,
+            "chat_template": spec.chat_template is not None,
+        },
+        "sources": source_identity,
+        "source_fingerprint": source_fingerprint,
+        "counts": counts,
+        "stats": stats.to_dict(),
+        "metadata_file": METADATA_NAME,
+        "files": files,
+        "excluded": excluded,
+        "bad_rows": [asdict(row) for row in bad_rows],
+    }
