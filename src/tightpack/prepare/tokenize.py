@@ -89,14 +89,29 @@ def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
 
 
 def _supervised_tokens(encoding, spans, n_tokens: int) -> list[tuple[int, int]]:
-    """Token ranges [first, last + 1) overlapping the character spans."""
+    """Token ranges [first, stop) overlapping the character spans.
+
+    ``char_to_token`` gives the first token holding a character; a character split over several
+    tokens (a multi-byte character in byte-level BPE) continues into the tokens whose offsets still
+    start inside the span, hence the walk forward from the last character's token.
+    """
     ranges = []
     for start, end in spans:
-        first = next((t for c in range(start, end) if (t := encoding.char_to_token(c)) is not None), None)
-        if first is None:
-            continue
-        last = next(t for c in range(end - 1, start - 1, -1) if (t := encoding.char_to_token(c)) is not None)
-        ranges.append((first, min(last + 1, n_tokens)))
+        first = encoding.char_to_token(start)
+        if first is None:  # the span starts with characters no token holds (stripped by the normalizer)
+            first = next(
+                (t for c in range(start + 1, end) if (t := encoding.char_to_token(c)) is not None), None
+            )
+            if first is None:
+                continue
+        last = encoding.char_to_token(end - 1)
+        if last is None:
+            last = next(
+                t for c in range(end - 2, start - 1, -1) if (t := encoding.char_to_token(c)) is not None
+            )
+        while last + 1 < n_tokens and encoding.token_to_chars(last + 1)[0] < end:
+            last += 1
+        ranges.append((first, last + 1))
     return ranges
 
 
