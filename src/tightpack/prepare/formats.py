@@ -10,6 +10,8 @@ Two formats (``--format``):
   tokenizer's chat template when it has one, else with the built-in template below. The loss is on
   the assistant turns (``assistant``), on the last assistant turn (``last-turn``) or everywhere
   (``all``).
+- ``tokens``: pre-tokenized rows, ``input_ids`` and an optional ``loss_mask``
+  (`tightpack.prepare.pretokenized`); no text, no tokenizer call.
 - ``auto`` picks ``chat`` for a row with ``messages`` and ``prompt-completion`` otherwise.
 
 Built-in chat template (used when the tokenizer has none, e.g. the built-in GPT-2)::
@@ -37,7 +39,7 @@ from tightpack.errors import TightpackError
 __all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row"]
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-Format = Literal["auto", "prompt-completion", "chat"]
+Format = Literal["auto", "prompt-completion", "chat", "tokens"]
 LossOn = Literal["assistant", "last-turn", "all"]
 
 
@@ -50,7 +52,7 @@ class FormatConfig:
     """How rows become training text.
 
     Attributes:
-        format: ``auto``, ``prompt-completion`` or ``chat``.
+        format: ``auto``, ``prompt-completion``, ``chat`` or ``tokens``.
         input_key: prompt column of prompt-completion rows.
         output_key: completion column of prompt-completion rows.
         prompt_template: ``str.format`` template over the row's columns; must end with
@@ -69,8 +71,10 @@ class FormatConfig:
     loss_on: LossOn = "assistant"
 
     def __post_init__(self) -> None:
-        if self.format not in ("auto", "prompt-completion", "chat"):
-            raise TightpackError(f"--format must be auto, prompt-completion or chat, got {self.format!r}")
+        if self.format not in ("auto", "prompt-completion", "chat", "tokens"):
+            raise TightpackError(
+                f"--format must be auto, prompt-completion, chat or tokens, got {self.format!r}"
+            )
         if self.loss_on not in ("assistant", "last-turn", "all"):
             raise TightpackError(f"--loss-on must be assistant, last-turn or all, got {self.loss_on!r}")
         suffix = "{" + self.output_key + "}"
@@ -153,6 +157,10 @@ def _checked_messages(row: dict, config: FormatConfig) -> list[dict[str, str]]:
         raise RowError(f"missing key {config.messages_key!r}")
     if not isinstance(messages, list) or not messages:
         raise RowError(f"{config.messages_key!r} must be a non-empty list of {{role, content}} objects")
+    if all(
+        type(m) is dict and m.get("role") in CHAT_ROLES and type(m.get("content")) is str for m in messages
+    ):
+        return messages  # the common case, checked in one pass; the loop below says what is wrong
     for number, message in enumerate(messages):
         if not isinstance(message, dict):
             raise RowError(f"message {number} must be an object, got {type(message).__name__}")
@@ -195,6 +203,9 @@ def _render_chat(
     return Rendered(text, tuple(spans), add_special_tokens=add_special, eos_supervised=last_supervised)
 
 
+_BUILTIN_HEADERS = {role: f"<|{role}|>\n" for role in CHAT_ROLES}
+
+
 def _render_builtin(messages, tools, turns) -> tuple[str, list[tuple[int, int]]]:
     parts, spans, position = [], [], 0
     if tools:
@@ -202,12 +213,12 @@ def _render_builtin(messages, tools, turns) -> tuple[str, list[tuple[int, int]]]
         position = len(parts[0])
     supervised = set(turns)
     for number, message in enumerate(messages):
-        header = f"<|{message['role']}|>\n"
-        body = message["content"] + "\n"
-        if number in supervised:
-            spans.append((position + len(header), position + len(header) + len(body)))
-        parts.append(header + body)
-        position += len(header) + len(body)
+        header, content = _BUILTIN_HEADERS[message["role"]], message["content"]
+        position += len(header)
+        if number in supervised:  # the content and the newline closing the turn
+            spans.append((position, position + len(content) + 1))
+        parts += (header, content, "\n")
+        position += len(content) + 1
     return "".join(parts), spans
 
 

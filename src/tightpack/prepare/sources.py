@@ -37,6 +37,7 @@ class Chunk:
         first_position: 1-based line number (JSONL) or 0-based row number (other sources) of the first row.
         lines: raw JSONL lines (bytes), with ``positions`` their line numbers; or None.
         rows: parsed rows; or None.
+        batch: a pyarrow RecordBatch of Parquet rows (converted in the worker); or None.
     """
 
     first_sample: int
@@ -44,9 +45,12 @@ class Chunk:
     lines: list[bytes] | None = None
     positions: list[int] | None = None
     rows: list[Any] | None = None
+    batch: Any = None
     first_position: int = 0
 
     def __len__(self) -> int:
+        if self.batch is not None:
+            return self.batch.num_rows
         return len(self.lines if self.lines is not None else self.rows)
 
     def location(self, offset: int) -> str:
@@ -115,7 +119,7 @@ def _parquet_source(path: Path) -> Source:
         position = 0
         try:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows):
-                yield Chunk(first_sample, str(path), rows=batch.to_pylist(), first_position=position)
+                yield Chunk(first_sample, str(path), batch=batch, first_position=position)
                 first_sample += batch.num_rows
                 position += batch.num_rows
         except (OSError, pa.ArrowException) as error:
@@ -176,13 +180,17 @@ def default_corpus() -> Source:
 
     def rows() -> Iterator[dict]:
         for conversation in conversations.values():
-            roles: dict[str, str] = {}
-            messages = []
-            for turn in conversation["messages"]:
-                sender = turn[0]["sender"]
-                role = roles.setdefault(sender, "user" if not roles else "assistant")
-                messages.append({"role": role, "content": "\n".join(u["text"] for u in turn)})
-            yield {"messages": messages}
+            turns = conversation["messages"]
+            first = turns[0][0]["sender"] if turns else None
+            yield {
+                "messages": [
+                    {
+                        "role": "user" if turn[0]["sender"] == first else "assistant",
+                        "content": "\n".join([utterance["text"] for utterance in turn]),
+                    }
+                    for turn in turns
+                ]
+            }
 
     return _rows_source(
         rows(), DEFAULT_CORPUS_NAME, {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}, len(conversations)

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from tightpack.core.token_store import TokenStore, TokenStoreWriter
 from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row
+from tightpack.prepare.pretokenized import pretokenized_arrays
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenizer import TokenizerSpec
 
@@ -76,6 +78,9 @@ def _init_worker(spec: TokenizerSpec, config: FormatConfig, single_threaded: boo
 
 def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
     """(offset, row or BadRow-reason) for every row of the chunk."""
+    if chunk.batch is not None:
+        yield from enumerate(chunk.batch.to_pylist())
+        return
     if chunk.lines is None:
         yield from enumerate(chunk.rows)
         return
@@ -115,56 +120,104 @@ def _supervised_tokens(encoding, spans, n_tokens: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def tokenize_chunk(chunk: Chunk) -> ChunkResult:
-    """Parse, format and tokenize one chunk (in a worker, or in-process for K = 1)."""
-    spec, config, backend = _Worker.spec, _Worker.config, _Worker.backend
+def _render_chunk(chunk: Chunk) -> tuple[list[tuple[int, Rendered]], list[BadRow]]:
+    spec, config = _Worker.spec, _Worker.config
+    template, special = spec.chat_template, spec.special_tokens
     rendered: list[tuple[int, Rendered]] = []
     bad_rows = []
     for offset, row in _parse(chunk):
-        if isinstance(row, RowError):
-            bad_rows.append(BadRow(chunk.first_sample + offset, chunk.location(offset), str(row)))
-            continue
         try:
-            rendered.append((offset, render_row(row, config, spec.chat_template, spec.special_tokens)))
+            if isinstance(row, RowError):
+                raise row
+            rendered.append((offset, render_row(row, config, template, special)))
         except RowError as error:
             bad_rows.append(BadRow(chunk.first_sample + offset, chunk.location(offset), str(error)))
+    return rendered, bad_rows
 
+
+def _encode(rendered: list[tuple[int, Rendered]]) -> list:
+    """Encodings of the rendered texts, in order (one batch call per special-token setting)."""
+    backend = _Worker.backend
+    if all(sample.add_special_tokens for _, sample in rendered):
+        return backend.encode_batch([sample.text for _, sample in rendered], add_special_tokens=True)
     encodings: list = [None] * len(rendered)
     for add_special in (True, False):
-        picked = [i for i, (_, r) in enumerate(rendered) if r.add_special_tokens is add_special]
+        picked = [i for i, (_, sample) in enumerate(rendered) if sample.add_special_tokens is add_special]
         if picked:
             batch = backend.encode_batch(
                 [rendered[i][1].text for i in picked], add_special_tokens=add_special
             )
             for i, encoding in zip(picked, batch, strict=True):
                 encodings[i] = encoding
+    return encodings
 
+
+def _assemble(chunk: Chunk, rendered: list[tuple[int, Rendered]], encodings: list, bad_rows) -> ChunkResult:
+    """Flat token and mask arrays of the chunk's samples, EOS appended."""
+    eos_id = _Worker.spec.eos_id
     ids = [encoding.ids for encoding in encodings]
-    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    ends_with_eos = np.fromiter((bool(x) and x[-1] == spec.eos_id for x in ids), dtype=bool, count=len(ids))
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    ends_with_eos = np.fromiter((bool(x) and x[-1] == eos_id for x in ids), dtype=bool, count=len(ids))
     stored = lengths + ~ends_with_eos
     total = int(stored.sum())
     starts = np.cumsum(stored) - stored
 
-    tokens = np.empty(total, dtype=np.int32)
+    tokens = np.full(total, eos_id, dtype=np.int32)
     body = np.ones(total, dtype=bool)
     body[(starts + stored - 1)[~ends_with_eos]] = False  # the appended EOS slots
     tokens[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
-    tokens[~body] = spec.eos_id
 
     # Supervised token ranges -> a +1/-1 difference array -> cumulative sum = mask.
-    edges = np.zeros(total + 1, dtype=np.int32)
+    rises, falls = [], []
     for i, (encoding, (_, sample)) in enumerate(zip(encodings, rendered, strict=True)):
+        base = int(starts[i])
         for first, stop in _supervised_tokens(encoding, sample.spans, int(lengths[i])):
-            edges[starts[i] + first] += 1
-            edges[starts[i] + stop] -= 1
+            rises.append(base + first)
+            falls.append(base + stop)
         if sample.eos_supervised:
-            edges[starts[i] + stored[i] - 1] += 1
-            edges[starts[i] + stored[i]] -= 1
+            rises.append(base + int(stored[i]) - 1)
+            falls.append(base + int(stored[i]))
+    edges = np.zeros(total + 1, dtype=np.int32)
+    np.add.at(edges, rises, 1)
+    np.add.at(edges, falls, -1)
     loss_mask = (np.cumsum(edges[:-1]) > 0).astype(np.int8)
 
     source_index = np.array([chunk.first_sample + offset for offset, _ in rendered], dtype=np.int64)
     return ChunkResult(tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk))
+
+
+def _pretokenized_chunk(chunk: Chunk) -> ChunkResult:
+    spec = _Worker.spec
+    rows = None if chunk.batch is not None else [row for _, row in _parse(chunk)]
+    tokens, loss_mask, stored, good, bad = pretokenized_arrays(chunk, rows, spec.vocab_size, spec.eos_id)
+    bad_rows = [BadRow(chunk.first_sample + offset, chunk.location(offset), reason) for offset, reason in bad]
+    return ChunkResult(tokens, loss_mask, stored, chunk.first_sample + good, bad_rows, rows=len(chunk))
+
+
+def tokenize_chunk(chunk: Chunk) -> ChunkResult:
+    """Parse, format and tokenize one chunk (in a worker process)."""
+    if _Worker.config.format == "tokens":
+        return _pretokenized_chunk(chunk)
+    rendered, bad_rows = _render_chunk(chunk)
+    return _assemble(chunk, rendered, _encode(rendered), bad_rows)
+
+
+def _tokenize_in_process(chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
+    """K = 1: the tokenizer's own threads encode chunk i while this thread renders chunk i+1 and
+    assembles chunk i-1 (``encode_batch`` releases the GIL)."""
+    if _Worker.config.format == "tokens":
+        yield from map(tokenize_chunk, chunks)
+        return
+    with ThreadPoolExecutor(max_workers=1) as encoder:
+        previous = None
+        for chunk in chunks:
+            rendered, bad_rows = _render_chunk(chunk)
+            current = (chunk, rendered, bad_rows, encoder.submit(_encode, rendered))
+            if previous is not None:
+                yield _assemble(previous[0], previous[1], previous[3].result(), previous[2])
+            previous = current
+        if previous is not None:
+            yield _assemble(previous[0], previous[1], previous[3].result(), previous[2])
 
 
 def tokenize_to_store(
@@ -205,8 +258,8 @@ def tokenize_to_store(
 
     if workers == 1:
         _init_worker(spec, config, single_threaded=False)
-        for chunk in chunks:
-            consume(tokenize_chunk(chunk))
+        for result in _tokenize_in_process(chunks):
+            consume(result)
     else:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["tightpack.prepare.tokenize"])

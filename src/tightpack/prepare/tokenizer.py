@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from tightpack.errors import TightpackError
@@ -38,6 +39,7 @@ class TokenizerSpec:
         eos_token: its text.
         chat_template: the Jinja chat template, or None (then the built-in template is used).
         special_tokens: bos/eos/pad/unk token texts, passed to the chat template.
+        vocab_size: tokens in the vocabulary, added tokens included.
     """
 
     name: str
@@ -46,8 +48,9 @@ class TokenizerSpec:
     eos_token: str
     chat_template: str | None = field(default=None, repr=False)
     special_tokens: dict[str, str] = field(default_factory=dict)
+    vocab_size: int = 0
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
         """sha256 of everything that changes token ids: backend, EOS and template."""
         digest = hashlib.sha256()
@@ -206,4 +209,4 @@ def _checked(spec: TokenizerSpec, backend) -> TokenizerSpec:
             "broken (transformers 5 builds an empty tokenizer from vocab_file=/merges_file= silently); "
             "load it from a saved folder or a tokenizer.json"
         )
-    return spec
+    return replace(spec, vocab_size=size)

@@ -1,0 +1,112 @@
+"""End to end: `tightpack pack` on the demo corpus against tokenizing the same texts alone.
+
+Both sides are whole jobs run as fresh processes, with the same tokenizer (the built-in GPT-2) and the
+same number of worker processes K:
+
+- baseline: read the rendered texts (one JSON line each), tokenize them in chunks of 512 with
+  ``encode_batch`` (in-process for K = 1, a pool of K processes otherwise), count the tokens;
+- tightpack: ``tightpack pack --workers K`` on the embedded default corpus (read, render, tokenize,
+  mask, plan, write Parquet, manifest).
+
+The texts are rendered beforehand, outside the timings, with tightpack's own formatter, so the
+baseline tokenizes exactly the texts tightpack tokenizes. Reports wall times (best of --repeats)
+and their ratio; asserts nothing.
+
+    .venv/bin/python benchmarks/bench_pipeline.py [--workers 1 2] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BASELINE = r"""
+import json, multiprocessing, os, sys
+from tightpack.prepare.tokenizer import load_tokenizer
+
+def init():
+    global backend
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    backend = load_tokenizer(None).build()
+
+def encode(texts):
+    return sum(len(e.ids) for e in backend.encode_batch(texts))
+
+if __name__ == "__main__":
+    path, workers = sys.argv[1], int(sys.argv[2])
+    with open(path, encoding="utf-8") as handle:
+        texts = [json.loads(line)["text"] for line in handle]
+    chunks = [texts[i : i + 512] for i in range(0, len(texts), 512)]
+    if workers == 1:
+        backend = load_tokenizer(None).build()
+        total = sum(sum(len(e.ids) for e in backend.encode_batch(chunk)) for chunk in chunks)
+    else:
+        with multiprocessing.get_context("forkserver").Pool(workers, initializer=init) as pool:
+            total = sum(pool.imap(encode, chunks))
+    print(total)
+"""
+
+
+def render_texts(path: Path) -> int:
+    from tightpack.prepare.formats import FormatConfig, render_row
+    from tightpack.prepare.sources import default_corpus
+
+    count = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        for chunk in default_corpus().read(0, 1024):
+            for row in chunk.rows:
+                handle.write(json.dumps({"text": render_row(row, FormatConfig(), None, {}).text}) + "\n")
+                count += 1
+    return count
+
+
+def timed(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args()
+    tightpack = str(Path(sys.executable).with_name("tightpack"))
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        texts = scratch / "texts.jsonl"
+        count = render_texts(texts)
+        script = scratch / "baseline.py"
+        script.write_text(BASELINE)
+        print(f"demo corpus: {count:,} rendered conversations; best of {args.repeats}\n")
+        print(f"{'workers':>7}  {'tokenize only (s)':>17}  {'tightpack pack (s)':>18}  {'ratio':>6}")
+        for workers in args.workers:
+            baseline = min(
+                timed([sys.executable, str(script), str(texts), str(workers)]) for _ in range(args.repeats)
+            )
+            pack = min(
+                timed(
+                    [tightpack, "pack", "--workers", str(workers), "-o", str(scratch / "out"), "--overwrite"]
+                )
+                for _ in range(args.repeats)
+            )
+            ratio = pack / baseline
+            results.append({"workers": workers, "tokenize_only_s": baseline, "pack_s": pack, "ratio": ratio})
+            print(f"{workers:>7}  {baseline:>17.2f}  {pack:>18.2f}  {ratio:>5.2f}x")
+    print()
+    for row in results:
+        verdict = "PASS" if row["ratio"] <= 1.2 else "FAIL"
+        print(f"[{verdict}] workers={row['workers']}: pack <= 1.2x tokenize-only ({row['ratio']:.2f}x)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

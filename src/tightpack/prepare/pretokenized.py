@@ -1,0 +1,126 @@
+"""Pre-tokenized rows (``--format tokens``): ``input_ids`` and an optional ``loss_mask`` per row.
+
+No tokenizer runs; the ids are checked against the vocabulary and an EOS is appended as for text
+samples (unless the row already ends with it), supervised when the row's last token is. Without a
+``loss_mask`` every token is supervised. Parquet list columns are read straight from Arrow buffers,
+so a chunk never becomes per-token Python objects; JSON rows are converted row by row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tightpack.errors import TightpackError
+
+__all__ = ["MASK_KEY", "TOKENS_KEY", "pretokenized_arrays"]
+
+TOKENS_KEY = "input_ids"
+MASK_KEY = "loss_mask"
+
+
+def _from_arrow(
+    batch: Any, source: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, list[tuple[int, str]]]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if TOKENS_KEY not in batch.schema.names:
+        raise TightpackError(
+            f"{source}: no {TOKENS_KEY!r} column for --format tokens (columns: {batch.schema.names})"
+        )
+    bad: list[tuple[int, str]] = []
+
+    def flat(column) -> tuple[np.ndarray, np.ndarray]:
+        if not pa.types.is_list(column.type) and not pa.types.is_large_list(column.type):
+            raise TightpackError(f"{source}: column of type {column.type} is not a list of integers")
+        nulls = np.asarray(column.is_null())
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
+        values = column.flatten()
+        if not pa.types.is_integer(values.type) and not pa.types.is_boolean(values.type):
+            raise TightpackError(f"{source}: list values of type {values.type} are not integers")
+        bad.extend((int(row), "null list") for row in np.flatnonzero(nulls))
+        return lengths, values.to_numpy(zero_copy_only=False).astype(np.int64)
+
+    lengths, ids = flat(batch.column(TOKENS_KEY))
+    mask = None
+    if MASK_KEY in batch.schema.names:
+        mask_lengths, mask = flat(batch.column(MASK_KEY))
+        bad.extend(
+            (int(row), f"{MASK_KEY} has a different length than {TOKENS_KEY}")
+            for row in np.flatnonzero(mask_lengths != lengths)
+        )
+        if bad:
+            return lengths, ids, None, bad
+    return lengths, ids, mask, bad
+
+
+def _from_rows(rows: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, list[tuple[int, str]]]:
+    lengths, ids, masks, bad = [], [], [], []
+    for row_number, row in enumerate(rows):
+        try:
+            if isinstance(row, Exception):  # a line that did not parse
+                raise ValueError(str(row))
+            if not isinstance(row, dict):
+                raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+            if TOKENS_KEY not in row:
+                raise ValueError(
+                    f"missing key {TOKENS_KEY!r} (keys found: {', '.join(sorted(map(str, row))) or 'none'})"
+                )
+            row_ids = np.asarray(row[TOKENS_KEY])
+            if row_ids.ndim != 1 or (len(row_ids) and not np.issubdtype(row_ids.dtype, np.integer)):
+                raise ValueError(f"{TOKENS_KEY!r} must be a list of integers")
+            row_mask = np.asarray(row.get(MASK_KEY, np.ones(len(row_ids), np.int64)))
+            if row_mask.shape != row_ids.shape:
+                raise ValueError(f"{MASK_KEY} has a different length than {TOKENS_KEY}")
+        except ValueError as error:
+            bad.append((row_number, str(error)))
+            row_ids, row_mask = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        lengths.append(len(row_ids))
+        ids.append(row_ids.astype(np.int64))
+        masks.append(row_mask.astype(np.int64))
+    join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return np.array(lengths, dtype=np.int64), join(ids), join(masks), bad
+
+
+def pretokenized_arrays(
+    chunk: Any, rows: list[Any] | None, vocab_size: int, eos_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, str]]]:
+    """Tokens, unshifted mask, stored lengths and the offsets (within the chunk) of the good rows,
+    plus ``(offset, reason)`` for the bad ones.
+
+    ``rows`` are the parsed rows of the chunk, or None when the chunk carries an Arrow batch.
+    """
+    if rows is None:
+        lengths, ids, mask, bad = _from_arrow(chunk.batch, chunk.source)
+    else:
+        lengths, ids, mask, bad = _from_rows(rows)
+    if mask is None:
+        mask = np.ones(len(ids), dtype=np.int64)
+    row_of_token = np.repeat(np.arange(len(lengths)), lengths)
+    out_of_range = (ids < 0) | (ids >= vocab_size)
+    bad.extend(
+        (int(row), f"token id outside the vocabulary [0, {vocab_size})")
+        for row in np.unique(row_of_token[out_of_range])
+    )
+    wrong_mask = (mask != 0) & (mask != 1)
+    bad.extend((int(row), f"{MASK_KEY} values must be 0 or 1") for row in np.unique(row_of_token[wrong_mask]))
+    good = np.ones(len(lengths), dtype=bool)
+    good[[row for row, _ in bad]] = False
+    keep = good[row_of_token]
+    ids, mask, lengths = ids[keep], mask[keep], lengths[good]
+
+    ends = np.cumsum(lengths)
+    has_eos = (
+        (lengths > 0) & (ids[np.maximum(ends - 1, 0)] == eos_id) if len(ids) else np.zeros(len(lengths), bool)
+    )
+    needs_eos = ~has_eos
+    eos_mask = np.where(lengths > 0, mask[np.maximum(ends - 1, 0)] if len(mask) else 1, 1)
+    insert_at = ends[needs_eos]
+    tokens = np.insert(ids, insert_at, eos_id).astype(np.int32)
+    loss_mask = np.insert(mask, insert_at, eos_mask[needs_eos]).astype(np.int8)
+    first_reason: dict[int, str] = {}
+    for row, reason in bad:
+        first_reason.setdefault(row, reason)
+    return tokens, loss_mask, lengths + needs_eos, np.flatnonzero(good), sorted(first_reason.items())
