@@ -13,7 +13,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -167,7 +166,7 @@ def pack(
             )
     output = output or DEMO_OUTPUT
     config = PackConfig(
-        packed_sequence_size=pack_size or DEMO_PACK_SIZE,
+        packed_sequence_size=DEMO_PACK_SIZE if pack_size is None else pack_size,
         max_seq_length=max_seq_length,
         pad_seq_to_mult=pad_seq_to_mult,
         tp=tp,
@@ -178,7 +177,7 @@ def pack(
         long_samples=long_samples.value,
         pad_to_max_length=pad_to_max_length,
         pad_cu_seqlens=pad_cu_seqlens,
-        workers=workers or _default_workers(),
+        workers=_default_workers() if workers is None else workers,
         skip_bad_lines=skip_bad_lines,
         output_format=output_format.value,
         format=FormatConfig(
@@ -190,7 +189,9 @@ def pack(
         ),
     )
     columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=stderr) as display:
+    config.validate()
+    # Progress bars on a terminal only: in logs and pipes, stderr carries errors and nothing else.
+    with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as display:
         result = pack_dataset(
             inputs or None,
             output,
@@ -289,6 +290,17 @@ def _root(
     """Sequence packing for LLM and VLM fine-tuning."""
 
 
+def _signals(*names: str) -> tuple[type[BaseException], ...]:
+    """Typer's exception classes and, where typer still runs on click, click's."""
+    found = [getattr(typer, name) for name in names if hasattr(typer, name)]
+    try:
+        import click.exceptions as click_exceptions
+    except ImportError:
+        return tuple(found)
+    click_names = {"TyperException": "ClickException"}
+    return tuple(found + [getattr(click_exceptions, click_names.get(name, name)) for name in names])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app, turning user errors into one line and exit status 2."""
     try:
@@ -296,15 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     except TightpackError as error:
         stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
         return 2
-    except click.exceptions.Exit as done:
+    except _signals("Exit") as done:
         return done.exit_code
-    except click.ClickException as error:
+    except _signals("TyperException") as error:
+        if type(error).__name__ == "NoArgsIsHelpError":  # bare `tightpack`: the help is the answer
+            stdout.print(error.format_message(), markup=False, highlight=False)
+            return 2
         stderr.print(f"error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
         return 2
-    except click.exceptions.Abort:
-        stderr.print("aborted")
-        return 130
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, *_signals("Abort")):
         stderr.print("interrupted")
         return 130
     return code if isinstance(code, int) else 0

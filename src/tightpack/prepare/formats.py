@@ -121,21 +121,25 @@ def render_row(
     return _render_prompt_completion(row, config)
 
 
+def _missing_key(key: str, row: dict) -> RowError:
+    found = ", ".join(sorted(map(str, row))) or "none"
+    return RowError(f"missing key {key!r} (keys found: {found}); set --input-key/--output-key or --format")
+
+
 def _render_prompt_completion(row: dict, config: FormatConfig) -> Rendered:
-    for key in (config.input_key, config.output_key):
-        if key not in row:
-            found = ", ".join(sorted(map(str, row))) or "none"
-            raise RowError(
-                f"missing key {key!r} (keys found: {found}); set --input-key/--output-key or --format"
-            )
-    completion = row[config.output_key]
-    if not isinstance(completion, str):
-        raise RowError(f"key {config.output_key!r} must be a string, got {type(completion).__name__}")
     prompt_template = config.template[: -len("{" + config.output_key + "}")]
     try:
         prompt = prompt_template.format_map(_StrictRow(row))
-    except KeyError as error:
-        raise RowError(f"the prompt template uses key {error.args[0]!r}, missing from the row") from None
+    except KeyError as error:  # a column the template names is not in the row
+        key = error.args[0]
+        if key == config.input_key:
+            raise _missing_key(key, row) from None
+        raise RowError(f"the prompt template uses key {key!r}, missing from the row") from None
+    if config.output_key not in row:
+        raise _missing_key(config.output_key, row)
+    completion = row[config.output_key]
+    if not isinstance(completion, str):
+        raise RowError(f"key {config.output_key!r} must be a string, got {type(completion).__name__}")
     text = prompt + completion
     spans = ((len(prompt), len(text)),) if config.loss_on != "all" else ((0, len(text)),)
     return Rendered(text, spans, add_special_tokens=True, eos_supervised=True)
@@ -190,7 +194,7 @@ def _render_chat(
     tools = row.get(config.tools_key)
     if tools is not None and not isinstance(tools, list):
         raise RowError(f"{config.tools_key!r} must be a list of tool schemas, got {type(tools).__name__}")
-    turns = _supervised_turns(messages, config.loss_on)
+    turns = [] if config.loss_on == "all" else _supervised_turns(messages, config.loss_on)
     last_supervised = config.loss_on == "all" or (bool(turns) and turns[-1] == len(messages) - 1)
     if chat_template is None:
         text, spans = _render_builtin(messages, tools, turns)

@@ -160,7 +160,11 @@ def _from_transformers(path: Path) -> TokenizerSpec:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as error:  # transformers raises many types for an unusable folder
-        raise TightpackError(f"cannot load a tokenizer from {str(path)!r}: {error}") from error
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TightpackError(
+            f"cannot load a tokenizer from {str(path)!r} ({reason}); give a folder with tokenizer.json or "
+            "a tokenizer transformers can load"
+        ) from error
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise TightpackError(
@@ -174,6 +178,7 @@ def _from_transformers(path: Path) -> TokenizerSpec:
 
 
 def _spec_from(backend, config: dict, name: str) -> TokenizerSpec:
+    _check_vocabulary(name, backend)
     special = {
         key: text
         for key in ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -186,7 +191,7 @@ def _spec_from(backend, config: dict, name: str) -> TokenizerSpec:
         raise TightpackError(
             f"tokenizer {name!r} has no EOS token: set eos_token in its tokenizer_config.json"
         )
-    special.setdefault("eos_token", eos)
+    special["eos_token"] = eos  # the template must render the EOS that is appended
     template = config.get("chat_template")
     return _checked(
         TokenizerSpec(
@@ -201,12 +206,16 @@ def _spec_from(backend, config: dict, name: str) -> TokenizerSpec:
     )
 
 
-def _checked(spec: TokenizerSpec, backend) -> TokenizerSpec:
+def _check_vocabulary(name: str, backend) -> int:
     size = backend.get_vocab_size(with_added_tokens=True)
     if size < MIN_VOCAB_SIZE:
         raise TightpackError(
-            f"tokenizer {spec.name!r} has only {size} tokens (< {MIN_VOCAB_SIZE}): it is probably empty or "
+            f"tokenizer {name!r} has only {size} tokens (< {MIN_VOCAB_SIZE}): it is probably empty or "
             "broken (transformers 5 builds an empty tokenizer from vocab_file=/merges_file= silently); "
             "load it from a saved folder or a tokenizer.json"
         )
-    return replace(spec, vocab_size=size)
+    return size
+
+
+def _checked(spec: TokenizerSpec, backend) -> TokenizerSpec:
+    return replace(spec, vocab_size=_check_vocabulary(spec.name, backend))

@@ -1,0 +1,418 @@
+"""The ``tightpack`` command line through a subprocess, as a person runs it.
+
+Every user error must exit with status 2 and say what is wrong in one ``error:`` line, with no
+traceback. Runs use ``--workers 1`` (one with 2) and small inputs to stay quick on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tightpack
+
+from .conftest import write_jsonl
+
+PROGRESS_LINE = re.compile(r"^\s*(tokenize|plan|write)\b")
+
+
+def run_cli(*args, cwd: Path, executable: list[str] | None = None) -> subprocess.CompletedProcess:
+    command = (executable or [sys.executable, "-m", "tightpack.cli"]) + [str(a) for a in args]
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    """The single ``error:`` line of a user error; other stderr lines may only be progress bars."""
+    assert result.returncode == 2, f"exit status {result.returncode}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert lines[-1] == errors[0], "the error is the last thing printed"
+    noise = [line for line in lines[:-1] if line.strip() and not PROGRESS_LINE.match(line)]
+    assert noise == [], f"unexpected stderr lines: {noise}"
+    assert result.stdout == ""
+    return errors[0]
+
+
+def summary_value(stdout: str, label: str) -> str:
+    """A value of the summary table (``│ label │ value │``)."""
+    match = re.search(rf"│ {re.escape(label)}\s*│\s*(.+?)\s*│", stdout)
+    assert match, f"{label!r} not in the summary:\n{stdout}"
+    return match.group(1)
+
+
+@pytest.fixture
+def corpus(tmp_path, prompt_completion_rows) -> Path:
+    return write_jsonl(tmp_path / "train.jsonl", prompt_completion_rows[:40])
+
+
+@pytest.fixture
+def bad_inputs(tmp_path) -> Path:
+    """Small JSONL files, each with one bad line (line 3 or 2), in tmp_path/inputs."""
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    good = [json.dumps({"input": "question one", "output": "answer one"})] * 2
+    (folder / "malformed.jsonl").write_text("\n".join([*good, '{"input": "x", "output": ', good[0]]) + "\n")
+    (folder / "missing_key.jsonl").write_text(
+        "\n".join([good[0], json.dumps({"prompt": "x", "output": "y"}), good[0]]) + "\n"
+    )
+    (folder / "utf8.jsonl").write_bytes(
+        good[0].encode() + b'\n{"input": "caf\xe9", "output": "ok"}\n' + good[0].encode() + b"\n"
+    )
+    write_jsonl(folder / "role.jsonl", [{"messages": [{"role": "robot", "content": "beep"}]}])
+    write_jsonl(
+        folder / "long.jsonl", [{"input": "a", "output": "b"}, {"input": "word " * 80, "output": "z"}]
+    )
+    write_jsonl(folder / "good.jsonl", [{"input": "a b", "output": "c d"}])
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "manifest.json").write_text("{}")
+    return folder
+
+
+class TestPack:
+    def test_pack_prints_the_summary_and_writes_the_output(self, tmp_path, corpus):
+        result = run_cli(
+            "pack", corpus, "--output", tmp_path / "out", "--pack-size", 256, "--pad-seq-to-mult", 4,
+            "--workers", 1, cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr and "error:" not in result.stderr
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        counts = manifest["counts"]
+        assert counts["samples_in"] == counts["packed"] == 40
+        assert summary_value(result.stdout, "samples in") == "40"
+        assert summary_value(result.stdout, "packed") == "40"
+        assert summary_value(result.stdout, "bad rows skipped") == "0"
+        assert summary_value(result.stdout, "tokens packed / in") == (
+            f"{counts['tokens_packed']:,} / {counts['tokens_in']:,}"
+        )
+        efficiency = summary_value(result.stdout, "efficiency")
+        assert efficiency.startswith(f"{manifest['stats']['efficiency']:.2%}")
+        packs = summary_value(result.stdout, "packs (lower bound)")
+        assert packs == f"{manifest['stats']['packs']} ({manifest['stats']['lower_bound']})"
+        assert manifest["settings"]["pad_seq_to_mult"] == 4
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+            "manifest.json",
+            "metadata.json",
+            "packs-00000.idx.parquet",
+        ]
+
+    def test_two_workers_write_the_same_files_as_one(self, tmp_path, corpus):
+        digests = []
+        for workers in (1, 2):
+            out = tmp_path / f"out{workers}"
+            result = run_cli(
+                "pack", corpus, "-o", out, "--pack-size", 128, "--workers", workers, cwd=tmp_path
+            )
+            assert result.returncode == 0, result.stderr
+            digests.append(json.loads((out / "manifest.json").read_text())["files"])
+        assert digests[0] == digests[1]
+
+    def test_skip_bad_lines_counts_and_lists_them(self, tmp_path, bad_inputs):
+        result = run_cli(
+            "pack", bad_inputs / "malformed.jsonl", "-o", tmp_path / "out", "--pack-size", 64,
+            "--workers", 1, "--skip-bad-lines", cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert summary_value(result.stdout, "samples in") == "4"
+        assert summary_value(result.stdout, "packed") == "3"
+        assert summary_value(result.stdout, "bad rows skipped") == "1"
+        assert re.search(r"skipped .*malformed\.jsonl:3: malformed JSON", result.stderr)
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        assert manifest["counts"]["bad_rows"] == 1
+        [bad] = manifest["bad_rows"]
+        assert bad["sample_index"] == 2
+        assert bad["location"].endswith("malformed.jsonl:3")
+        assert bad["reason"].startswith("malformed JSON")
+
+    def test_overwrite_replaces_an_existing_output(self, tmp_path, corpus):
+        out = tmp_path / "out"
+        for pack_size in (128, 256):
+            result = run_cli(
+                "pack", corpus, "-o", out, "--pack-size", pack_size, "--workers", 1, "--overwrite",
+                cwd=tmp_path,
+            )  # fmt: skip
+            assert result.returncode == 0, result.stderr
+        assert json.loads((out / "manifest.json").read_text())["settings"]["packed_sequence_size"] == 256
+
+    def test_pack_help(self, tmp_path):
+        result = run_cli("pack", "--help", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        for option in ("--output", "--pack-size", "--tokenizer", "--format", "--skip-bad-lines"):
+            assert option in result.stdout
+        assert not (tmp_path / "packed-demo").exists(), "--help must not run the demo"
+
+
+class TestUserErrors:
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (
+                ["{inputs}/malformed.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: .*malformed\.jsonl:3: malformed JSON: .*pass --skip-bad-lines\)$",
+            ),
+            (
+                ["{inputs}/missing_key.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: .*missing_key\.jsonl:2: missing key 'input' \(keys found: output, prompt\)",
+            ),
+            (
+                ["{inputs}/utf8.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: .*utf8\.jsonl:2: invalid UTF-8 at byte 14 of the line",
+            ),
+            (
+                ["{inputs}/role.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: .*role\.jsonl:1: message 0 has unknown role 'robot'",
+            ),
+            (
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--tokenizer", "no/such/tok"],
+                r"^error: tokenizer path 'no/such/tok' does not exist",
+            ),
+            (
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "1"],
+                r"^error: --pack-size must be an integer of at least 2, got 1$",
+            ),
+            (
+                [
+                    "{inputs}/good.jsonl",
+                    "-o",
+                    "out",
+                    "--pack-size",
+                    "64",
+                    "--max-seq-length",
+                    "7",
+                    "--pad-seq-to-mult",
+                    "8",
+                ],
+                r"^error: max_seq_length \(7\) must be at least the effective padding multiple \(8\)",
+            ),
+            (
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "8", "--cp", "8"],
+                r"^error: max_seq_length \(8\) must be at least the effective padding multiple \(16\)",
+            ),
+            (
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--tp", "0"],
+                r"^error: tp must be a positive integer, got 0$",
+            ),
+            (
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--workers", "-1"],
+                r"^error: --workers must be at least 1, got -1$",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--workers", "0"],
+                r"^error: --workers must be at least 1, got 0$",
+                id="zero-workers",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "0"],
+                r"^error: --pack-size must be an integer of at least 2, got 0$",
+                id="zero-pack-size",
+            ),
+            (
+                ["{inputs}/long.jsonl", "-o", "out", "--pack-size", "32", "--long-samples", "error"],
+                r"^error: 1 samples are longer than the cap of 32 tokens \(first: source row 1, \d+ tokens\)",
+            ),
+            (
+                ["{inputs}/good.jsonl", "--pack-size", "64"],
+                r"^error: --output is required when inputs are given$",
+            ),
+            (
+                ["{inputs}/good.jsonl", "-o", "out"],
+                r"^error: --pack-size is required when inputs are given",
+            ),
+            (
+                ["{inputs}/good.jsonl", "-o", "existing", "--pack-size", "64"],
+                r"^error: output 'existing' already exists; pass --overwrite to replace it$",
+            ),
+            (
+                ["{inputs}/absent.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: input '.*absent\.jsonl' does not exist or is not a file$",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--format", "xml"],
+                r"^error: .*'xml' is not one of",
+                id="unknown-format",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "many"],
+                r"^error: .*valid integer",
+                id="non-integer-pack-size",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--bogus"],
+                r"^error: No such option: --bogus",
+                id="unknown-option",
+            ),
+        ],
+    )
+    def test_exits_2_with_one_error_line(self, tmp_path, bad_inputs, args, message):
+        args = [arg.format(inputs=bad_inputs) for arg in args]
+        if "--workers" not in args:
+            args += ["--workers", "1"]
+        line = error_line(run_cli("pack", *args, cwd=tmp_path))
+        assert re.search(message, line), line
+        assert not (tmp_path / "out").exists(), "nothing is written on an error"
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [], "no staging folder left"
+
+    @pytest.mark.parametrize(
+        "args",
+        [["--pack-size", "1"], ["--pack-size", "64", "--tokenizer", "no/such/tok"]],
+        ids=["impossible-size", "unknown-tokenizer"],
+    )
+    def test_stderr_is_exactly_the_error_line(self, tmp_path, bad_inputs, args):
+        result = run_cli("pack", bad_inputs / "good.jsonl", "-o", "out", "--workers", 1, *args, cwd=tmp_path)
+        assert result.returncode == 2
+        assert len(result.stderr.splitlines()) == 1, repr(result.stderr)
+
+    def test_tokenizer_folder_without_tokenizer(self, tmp_path, bad_inputs):
+        (tmp_path / "notok").mkdir()
+        result = run_cli(
+            "pack", bad_inputs / "good.jsonl", "-o", "out", "--pack-size", 64, "--workers", 1,
+            "--tokenizer", tmp_path / "notok", cwd=tmp_path,
+        )  # fmt: skip
+        line = error_line(result)
+        assert re.search(r"^error: cannot load a tokenizer from '.*notok'", line)
+
+    def test_no_command_prints_help_without_traceback(self, tmp_path):
+        result = run_cli(cwd=tmp_path)
+        assert "Traceback" not in result.stderr
+        assert "pack" in result.stdout + result.stderr
+
+
+def write_megatron_bridge_folder(folder: Path) -> Path:
+    """Two packs as Megatron-Bridge writes them (no manifest, no sample_index).
+
+    Pack 0: sequences of 5 and 3 stored tokens (runtime 4 + 2 = 6), 5 supervised labels.
+    Pack 1: one sequence of 4 stored tokens (runtime 3), 3 supervised labels.
+    """
+    folder.mkdir()
+    table = pa.table(
+        {
+            "input_ids": pa.array([[11, 12, 13, 14, 15, 21, 22, 23], [31, 32, 33, 34]], pa.list_(pa.int64())),
+            "loss_mask": pa.array([[0, 1, 1, 1, 0, 1, 1, 0], [1, 1, 1, 0]], pa.list_(pa.int8())),
+            "seq_start_id": pa.array([[0, 5], [0]], pa.list_(pa.int64())),
+        }
+    )
+    pq.write_table(table, folder / "training.idx.parquet")
+    return folder
+
+
+class TestInspect:
+    def test_our_output(self, tmp_path, corpus):
+        out = tmp_path / "out"
+        packed = run_cli(
+            "pack",
+            corpus,
+            "-o",
+            out,
+            "--pack-size",
+            128,
+            "--pad-seq-to-mult",
+            8,
+            "--workers",
+            1,
+            cwd=tmp_path,
+        )
+        assert packed.returncode == 0, packed.stderr
+        manifest = json.loads((out / "manifest.json").read_text())
+        counts, stats = manifest["counts"], manifest["stats"]
+
+        result = run_cli("inspect", out, "--json", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["packs"] == stats["packs"]
+        assert summary["sequences"] == counts["packed"] == 40
+        assert summary["runtime_tokens"] == counts["tokens_packed"] + counts["alignment_padding"]
+        assert summary["supervised_tokens"] == counts["supervised_packed"]
+        assert summary["max_samples_per_pack"] == stats["max_samples_per_pack"]
+        assert summary["min_packed_length"] == stats["min_packed_length"]
+        assert summary["pack_size"] == 128
+        assert summary["efficiency"] == pytest.approx(stats["efficiency"])
+        assert summary["over_pack_size"] == 0
+        assert summary["manifest"]["counts"] == counts
+
+        table = run_cli("inspect", out, cwd=tmp_path)
+        assert table.returncode == 0, table.stderr
+        assert summary_value(table.stdout, "packs") == f"{stats['packs']:,}"
+        assert summary_value(table.stdout, "sequences") == "40"
+        assert summary_value(table.stdout, "tokenizer") == "gpt2 (built-in)"
+        assert summary_value(table.stdout, "alignment multiple") == "8"
+        assert summary_value(table.stdout, "count packed") == "40"
+
+    def test_megatron_bridge_folder(self, tmp_path):
+        folder = write_megatron_bridge_folder(tmp_path / "mb")
+        result = run_cli("inspect", folder, "--pack-size", 8, "--json", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary == {
+            "path": str(folder),
+            "files": 1,
+            "packs": 2,
+            "sequences": 3,
+            "runtime_tokens": 9,  # (8 - 2) + (4 - 1)
+            "supervised_tokens": 8,  # 5 + 3
+            "max_samples_per_pack": 2,
+            "min_packed_length": 3,
+            "max_packed_length": 6,
+            "mean_packed_length": 4.5,
+            "packing_factor": 1.5,
+            "pack_size": 8,
+            "efficiency": 9 / 16,
+            "over_pack_size": 0,
+        }
+        table = run_cli("inspect", folder, "--pack-size", 5, cwd=tmp_path)
+        assert table.returncode == 0, table.stderr
+        assert summary_value(table.stdout, "efficiency") == "0.9000"  # 9 / (2 * 5)
+        assert summary_value(table.stdout, "over pack size") == "1"  # pack 0 holds 6 > 5
+
+    def test_megatron_bridge_folder_without_pack_size(self, tmp_path):
+        folder = write_megatron_bridge_folder(tmp_path / "mb")
+        summary = json.loads(run_cli("inspect", folder, "--json", cwd=tmp_path).stdout)
+        assert summary["pack_size"] is None
+        assert "efficiency" not in summary
+
+    @pytest.mark.parametrize(
+        ("make", "message"),
+        [
+            (lambda tmp: tmp / "nowhere", r"^error: Packed Parquet spec not found: .*nowhere"),
+            (lambda tmp: tmp / "empty", r"^error: No Parquet files found in directory: .*empty"),
+            (lambda tmp: tmp / "empty" / "x.parquet", r"^error: Packed Parquet file not found"),
+            (lambda tmp: tmp / "zero", r"^error: packed dataset '.*zero' is empty \(0 rows\)$"),
+            (lambda tmp: tmp / "cols", r"^error: .* is missing required columns: seq_start_id$"),
+        ],
+        ids=["missing", "empty-folder", "missing-file", "zero-rows", "missing-column"],
+    )
+    def test_bad_paths(self, tmp_path, make, message):
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "zero").mkdir()
+        schema = pa.schema(
+            [(name, pa.list_(pa.int64())) for name in ("input_ids", "loss_mask", "seq_start_id")]
+        )
+        pq.write_table(schema.empty_table(), tmp_path / "zero" / "a.parquet")
+        (tmp_path / "cols").mkdir()
+        pq.write_table(
+            pa.table({"input_ids": [[1, 2]], "loss_mask": [[0, 1]]}), tmp_path / "cols" / "a.parquet"
+        )
+        line = error_line(run_cli("inspect", make(tmp_path), cwd=tmp_path))
+        assert re.search(message, line), line
+
+
+class TestVersion:
+    def test_module(self, tmp_path):
+        result = run_cli("--version", cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (0, f"tightpack {tightpack.__version__}\n")
+
+    def test_console_script(self, tmp_path):
+        script = Path(sys.executable).parent / "tightpack"
+        assert script.is_file(), f"console script missing next to {sys.executable}"
+        result = run_cli("--version", cwd=tmp_path, executable=[str(script)])
+        assert (result.returncode, result.stdout) == (0, f"tightpack {tightpack.__version__}\n")
