@@ -32,7 +32,7 @@ from tightpack.prepare.tokenizer import load_tokenizer
 def init():
     global backend
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    backend = load_tokenizer(None).build()
+    backend = load_tokenizer(None).backend
 
 def encode(texts):
     return sum(len(e.ids) for e in backend.encode_batch(texts))
@@ -43,7 +43,7 @@ if __name__ == "__main__":
         texts = [json.loads(line)["text"] for line in handle]
     chunks = [texts[i : i + 512] for i in range(0, len(texts), 512)]
     if workers == 1:
-        backend = load_tokenizer(None).build()
+        backend = load_tokenizer(None).backend
         total = sum(sum(len(e.ids) for e in backend.encode_batch(chunk)) for chunk in chunks)
     else:
         with multiprocessing.get_context("forkserver").Pool(workers, initializer=init) as pool:

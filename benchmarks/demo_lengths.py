@@ -20,5 +20,5 @@ def demo_runtime_lengths() -> np.ndarray:
         for chunk in default_corpus().read(0, 1024)
         for row in chunk.rows
     ]
-    backend = load_tokenizer(None).build()
+    backend = load_tokenizer(None).backend
     return np.array([len(encoding.ids) for encoding in backend.encode_batch(texts)], dtype=np.int64)

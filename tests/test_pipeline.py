@@ -18,15 +18,11 @@ from tightpack.prepare.formats import FormatConfig
 
 from .conftest import write_jsonl
 
-_backends: dict = {}
-
 
 def expected_sample(row: dict, spec, loss_on: str = "assistant") -> tuple[np.ndarray, np.ndarray]:
     """Stored tokens and unshifted mask of a row, computed independently of tightpack's formatter:
     whole-text encoding with per-token offsets, supervised where a token overlaps a loss span."""
-    if id(spec) not in _backends:
-        _backends[id(spec)] = spec.build()
-    backend = _backends[id(spec)]
+    backend = spec.backend
     if "messages" in row:
         text, spans = "", []
         for number, message in enumerate(row["messages"]):

@@ -70,28 +70,28 @@ def word_level_tokenizer_json(path: Path, size: int, special: list[str]) -> Path
 
 class TestBuiltinGpt2:
     def test_known_ids(self, gpt2):
-        backend = gpt2.build()
+        backend = gpt2.backend
         assert backend.encode("Hello world!").ids == [15496, 995, 0]
         assert backend.encode("<|endoftext|>").ids == [50256]
 
     def test_identity(self, gpt2):
         assert gpt2.name == "gpt2 (built-in)"
         assert (gpt2.eos_id, gpt2.eos_token) == (50256, "<|endoftext|>")
-        assert gpt2.build().get_vocab_size(with_added_tokens=True) >= 50257
+        assert gpt2.backend.get_vocab_size(with_added_tokens=True) >= 50257
         assert gpt2.chat_template is None, "the built-in chat template of formats.py is used"
         assert gpt2.special_tokens == {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}
 
     def test_spec_pickles_for_workers(self, gpt2):
         copy = pickle.loads(pickle.dumps(gpt2))
         assert copy == gpt2
-        assert copy.build().encode("Hello world!").ids == [15496, 995, 0]
+        assert copy.backend.encode("Hello world!").ids == [15496, 995, 0]
 
 
 class TestHuggingFaceFolder:
     def test_loads_and_encodes_like_transformers(self, hf_folder):
         folder, tokenizer = hf_folder
         spec = load_tokenizer(folder)
-        backend = spec.build()
+        backend = spec.backend
         assert backend.get_vocab_size(with_added_tokens=True) == len(tokenizer) == 50257
         for text in TEXTS:
             expected = tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -171,7 +171,7 @@ class TestTokenizerJson:
         shutil.copy(hf_folder[0] / "tokenizer.json", bare)
         spec = load_tokenizer(bare)
         assert spec.name == str(bare)
-        assert spec.build().encode("Hello world!").ids == [15496, 995, 0]
+        assert spec.backend.encode("Hello world!").ids == [15496, 995, 0]
         # No config next to it: the EOS is found among the usual names, and there is no template.
         assert (spec.eos_id, spec.eos_token) == (50256, "<|endoftext|>")
         assert spec.chat_template is None
@@ -180,7 +180,7 @@ class TestTokenizerJson:
     def test_file_in_a_saved_folder_reads_the_config_next_to_it(self, hf_folder):
         spec = load_tokenizer(hf_folder[0] / "tokenizer.json")
         assert spec.chat_template == CHATML
-        assert spec.build().encode("Hello world!").ids == [15496, 995, 0]
+        assert spec.backend.encode("Hello world!").ids == [15496, 995, 0]
 
     def test_not_a_tokenizer(self, tmp_path):
         path = tmp_path / "tokenizer.json"

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tightpack.core.planner import PackPlan
+from tightpack.core.ranges import in_ranges
 from tightpack.core.token_store import TokenStore
 
 __all__ = ["COLUMNS", "PackedRows", "default_row_group_size", "gather_packs", "write_packed_parquet"]
@@ -97,21 +98,28 @@ def gather_packs(
     lo, hi = plan.offsets[first_pack], plan.offsets[stop_pack]
     samples = plan.order[lo:hi]
     stored = aligned[samples] + 1
-    real = np.minimum(store.offsets[samples + 1] - store.offsets[samples], stored)
+    store_starts = store.offsets[samples]
+    real = np.minimum(store.offsets[samples + 1] - store_starts, stored)
     seq_starts = np.cumsum(stored) - stored
     total = int(stored.sum())
+    last_token = len(store.tokens) - 1
 
-    positions = np.arange(total, dtype=np.int64)
-    within = positions - np.repeat(seq_starts, stored)  # position inside the sequence
-    source = np.repeat(store.offsets[samples] - seq_starts, stored) + positions
-    real_per_token = np.repeat(real, stored)
-    is_real = within < real_per_token
-    source = np.where(is_real, source, 0)
-    input_ids = np.where(is_real, store.tokens[source], pad_id).astype(np.int32)
+    source = np.repeat(store_starts - seq_starts, stored)
+    source += np.arange(total)
+    np.minimum(source, last_token, out=source)  # padding positions may run past the store's end
+    input_ids = store.tokens[source]
+    source += 1
+    np.minimum(source, last_token, out=source)
     # Label-aligned mask: position t trains on token t+1 of the same sequence, if that token is real.
-    has_next = within + 1 < real_per_token
-    next_source = np.where(has_next, source + 1, 0)
-    loss_mask = (store.loss_mask[next_source] * has_next).astype(np.int8)
+    loss_mask = store.loss_mask[source]
+    padded = real < stored
+    if padded.any():
+        input_ids[
+            in_ranges(seq_starts[padded] + real[padded], seq_starts[padded] + stored[padded], total)
+        ] = pad_id
+        loss_mask[in_ranges(seq_starts + real - 1, seq_starts + stored, total)] = 0
+    else:
+        loss_mask[seq_starts + stored - 1] = 0
 
     pack_sizes = plan.pack_sizes[first_pack:stop_pack]
     seq_offsets = np.concatenate(([0], np.cumsum(pack_sizes)))
@@ -119,8 +127,8 @@ def gather_packs(
     row_offsets = np.concatenate(([0], np.cumsum(pack_tokens)))
     seq_start_id = seq_starts - np.repeat(row_offsets[:-1], pack_sizes)
     return PackedRows(
-        input_ids=input_ids,
-        loss_mask=loss_mask,
+        input_ids=input_ids.astype(np.int32, copy=False),
+        loss_mask=loss_mask.astype(np.int8, copy=False),
         row_offsets=row_offsets,
         seq_start_id=seq_start_id,
         seq_offsets=seq_offsets,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tightpack.core.ranges import in_ranges
 from tightpack.core.token_store import TokenStore, TokenStoreWriter
 from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row
@@ -73,7 +74,7 @@ class _Worker:
 def _init_worker(spec: TokenizerSpec, config: FormatConfig, single_threaded: bool) -> None:
     if single_threaded:  # K processes already use the cores; Rust threads inside each would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _Worker.spec, _Worker.config, _Worker.backend = spec, config, spec.build()
+    _Worker.spec, _Worker.config, _Worker.backend = spec, config, spec.backend
 
 
 def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
@@ -93,12 +94,12 @@ def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
             yield offset, RowError(f"malformed JSON: {error.msg} at column {error.colno}")
 
 
-def _supervised_tokens(encoding, spans, n_tokens: int) -> list[tuple[int, int]]:
-    """Token ranges [first, stop) overlapping the character spans.
+def _supervised_tokens(encoding, text: str, spans, n_tokens: int) -> list[tuple[int, int]]:
+    """Token ranges [first, stop) overlapping the character spans of ``text``.
 
-    ``char_to_token`` gives the first token holding a character; a character split over several
-    tokens (a multi-byte character in byte-level BPE) continues into the tokens whose offsets still
-    start inside the span, hence the walk forward from the last character's token.
+    ``char_to_token`` gives the first token holding a character; a non-ASCII character can be split
+    over several tokens (byte-level BPE), which continue into the tokens whose offsets still start
+    inside the span, hence the walk forward from the last character's token.
     """
     ranges = []
     for start, end in spans:
@@ -114,8 +115,9 @@ def _supervised_tokens(encoding, spans, n_tokens: int) -> list[tuple[int, int]]:
             last = next(
                 t for c in range(end - 2, start - 1, -1) if (t := encoding.char_to_token(c)) is not None
             )
-        while last + 1 < n_tokens and encoding.token_to_chars(last + 1)[0] < end:
-            last += 1
+        if not text[end - 1].isascii():
+            while last + 1 < n_tokens and encoding.token_to_chars(last + 1)[0] < end:
+                last += 1
         ranges.append((first, last + 1))
     return ranges
 
@@ -167,20 +169,16 @@ def _assemble(chunk: Chunk, rendered: list[tuple[int, Rendered]], encodings: lis
     body[(starts + stored - 1)[~ends_with_eos]] = False  # the appended EOS slots
     tokens[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
 
-    # Supervised token ranges -> a +1/-1 difference array -> cumulative sum = mask.
     rises, falls = [], []
     for i, (encoding, (_, sample)) in enumerate(zip(encodings, rendered, strict=True)):
         base = int(starts[i])
-        for first, stop in _supervised_tokens(encoding, sample.spans, int(lengths[i])):
+        for first, stop in _supervised_tokens(encoding, sample.text, sample.spans, int(lengths[i])):
             rises.append(base + first)
             falls.append(base + stop)
         if sample.eos_supervised:
             rises.append(base + int(stored[i]) - 1)
             falls.append(base + int(stored[i]))
-    edges = np.zeros(total + 1, dtype=np.int32)
-    np.add.at(edges, rises, 1)
-    np.add.at(edges, falls, -1)
-    loss_mask = (np.cumsum(edges[:-1]) > 0).astype(np.int8)
+    loss_mask = in_ranges(rises, falls, total).astype(np.int8)
 
     source_index = np.array([chunk.first_sample + offset for offset, _ in rendered], dtype=np.int64)
     return ChunkResult(tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk))

@@ -59,11 +59,17 @@ class TokenizerSpec:
             digest.update(b"\0")
         return digest.hexdigest()
 
-    def build(self):
-        """The ``tokenizers.Tokenizer`` backend."""
+    @cached_property
+    def backend(self):
+        """The ``tokenizers.Tokenizer`` backend, built once per process (not pickled)."""
         from tokenizers import Tokenizer
 
         return Tokenizer.from_str(self.backend_json)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("backend", None)
+        return state
 
 
 def load_tokenizer(path: str | Path | None = None) -> TokenizerSpec:
@@ -218,4 +224,6 @@ def _check_vocabulary(name: str, backend) -> int:
 
 
 def _checked(spec: TokenizerSpec, backend) -> TokenizerSpec:
-    return replace(spec, vocab_size=_check_vocabulary(spec.name, backend))
+    spec = replace(spec, vocab_size=_check_vocabulary(spec.name, backend))
+    spec.__dict__["backend"] = backend  # seeds the cached property: no second parse of the JSON
+    return spec
