@@ -143,10 +143,12 @@ class TestPromptCompletion:
 
     def test_unknown_format_and_loss_on(self):
         with pytest.raises(
-            TightpackError, match=r"--format must be auto, prompt-completion, chat or tokens, got 'x'"
+            TightpackError, match=r"--format must be one of auto, prompt-completion, chat, tokens; got 'x'"
         ):
             FormatConfig(format="x")  # type: ignore[arg-type]
-        with pytest.raises(TightpackError, match=r"--loss-on must be assistant, last-turn or all, got 'y'"):
+        with pytest.raises(
+            TightpackError, match=r"--loss-on must be one of assistant, last-turn, all; got 'y'"
+        ):
             FormatConfig(loss_on="y")  # type: ignore[arg-type]
 
 

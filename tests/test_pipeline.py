@@ -286,7 +286,10 @@ def test_bad_rows_stop_the_run_or_are_counted(tmp_path, prompt_completion_rows):
             "either --pad-seq-to-mult or --tp/--cp/--sp",
         ),
         ({"packed_sequence_size": 64, "pad_cu_seqlens": True}, "--pad-cu-seqlens needs --pad-to-max-length"),
-        ({"packed_sequence_size": 64, "algorithm": "nope"}, "unknown --algorithm 'nope'"),
+        (
+            {"packed_sequence_size": 64, "algorithm": "nope"},
+            "--algorithm must be one of bfd, .*; got 'nope'",
+        ),
     ],
 )
 def test_impossible_settings_fail_before_any_work(tmp_path, kwargs, message):

@@ -11,15 +11,17 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tightpack import __version__
+from tightpack import __version__, pipeline
+from tightpack.core.planner import ALGORITHMS
 from tightpack.errors import TightpackError
+from tightpack.prepare import formats
 
 app = typer.Typer(
     name="tightpack",
@@ -36,35 +38,16 @@ DEMO_OUTPUT = Path("packed-demo")
 DEMO_PACK_SIZE = 4096
 
 
-class Format(str, Enum):
-    auto = "auto"
-    prompt_completion = "prompt-completion"
-    chat = "chat"
-    tokens = "tokens"
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """A str Enum of the library's own allowed values, for typer's choice checking and help."""
+    return Enum(name, {value: value for value in values}, type=str)
 
 
-class LossOn(str, Enum):
-    assistant = "assistant"
-    last_turn = "last-turn"
-    all = "all"
-
-
-class Algorithm(str, Enum):
-    bfd = "bfd"
-    ffd = "ffd"
-    first_fit = "first_fit"
-    first_fit_shuffle = "first_fit_shuffle"
-
-
-class LongSamples(str, Enum):
-    truncate = "truncate"
-    drop = "drop"
-    error = "error"
-
-
-class OutputFormat(str, Enum):
-    parquet = "parquet"
-    npy = "npy"
+Format = _choices("Format", get_args(formats.Format))
+LossOn = _choices("LossOn", get_args(formats.LossOn))
+Algorithm = _choices("Algorithm", tuple(ALGORITHMS))
+LongSamples = _choices("LongSamples", get_args(pipeline.LongSamples))
+OutputFormat = _choices("OutputFormat", get_args(pipeline.OutputFormat))
 
 
 def _default_workers() -> int:
@@ -154,9 +137,6 @@ def pack(
     ] = False,
 ) -> None:
     """Tokenize samples and pack them into Megatron-Bridge-readable packed Parquet."""
-    from tightpack.pipeline import PackConfig, pack_dataset
-    from tightpack.prepare.formats import FormatConfig
-
     if inputs:
         if output is None:
             raise TightpackError("--output is required when inputs are given")
@@ -165,7 +145,7 @@ def pack(
                 "--pack-size is required when inputs are given (the model's sequence length)"
             )
     output = output or DEMO_OUTPUT
-    config = PackConfig(
+    config = pipeline.PackConfig(
         packed_sequence_size=DEMO_PACK_SIZE if pack_size is None else pack_size,
         max_seq_length=max_seq_length,
         pad_seq_to_mult=pad_seq_to_mult,
@@ -180,7 +160,7 @@ def pack(
         workers=_default_workers() if workers is None else workers,
         skip_bad_lines=skip_bad_lines,
         output_format=output_format.value,
-        format=FormatConfig(
+        format=formats.FormatConfig(
             format=format.value,
             input_key=input_key,
             output_key=output_key,
@@ -192,7 +172,7 @@ def pack(
     config.validate()
     # Progress bars on a terminal only: in logs and pipes, stderr carries errors and nothing else.
     with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as display:
-        result = pack_dataset(
+        result = pipeline.pack_dataset(
             inputs or None,
             output,
             config,

@@ -18,10 +18,11 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from tightpack.core.packed_parquet import (
 from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
 from tightpack.core.token_store import TokenStore
-from tightpack.errors import TightpackError
+from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.sources import open_sources
 from tightpack.prepare.tokenize import BadRow, tokenize_to_store
@@ -51,6 +52,7 @@ _CHUNK_ROWS = 512  # rows per tokenization chunk; fixed, so the output does not 
 _SUM_CHUNK_TOKENS = 1 << 24
 
 LongSamples = Literal["truncate", "drop", "error"]
+OutputFormat = Literal["parquet", "npy"]
 
 
 @dataclass(kw_only=True)
@@ -90,7 +92,7 @@ class PackConfig:
     workers: int = 1
     skip_bad_lines: bool = False
     row_group_size: int | None = None
-    output_format: Literal["parquet", "npy"] = "parquet"
+    output_format: OutputFormat = "parquet"
     format: FormatConfig = field(default_factory=FormatConfig)
 
     @property
@@ -116,12 +118,8 @@ class PackConfig:
             raise TightpackError(f"--pad-seq-to-mult must be a positive integer, got {self.pad_seq_to_mult}")
         if self.pad_seq_to_mult is not None and (self.tp, self.cp, self.sp) != (1, 1, False):
             raise TightpackError("give either --pad-seq-to-mult or --tp/--cp/--sp, not both")
-        if self.algorithm not in ALGORITHMS:
-            raise TightpackError(
-                f"unknown --algorithm {self.algorithm!r}; choose one of {sorted(ALGORITHMS)}"
-            )
-        if self.long_samples not in ("truncate", "drop", "error"):
-            raise TightpackError(f"--long-samples must be truncate, drop or error, got {self.long_samples!r}")
+        check_choice("--algorithm", self.algorithm, tuple(ALGORITHMS))
+        check_choice("--long-samples", self.long_samples, get_args(LongSamples))
         if self.pad_cu_seqlens and not self.pad_to_max_length:
             raise TightpackError(
                 "--pad-cu-seqlens needs --pad-to-max-length (static shapes need a fixed width)"
@@ -130,8 +128,7 @@ class PackConfig:
             raise TightpackError(f"--workers must be at least 1, got {self.workers}")
         if self.row_group_size is not None and self.row_group_size < 1:
             raise TightpackError(f"row_group_size must be at least 1, got {self.row_group_size}")
-        if self.output_format not in ("parquet", "npy"):
-            raise TightpackError(f"output format must be parquet or npy, got {self.output_format!r}")
+        check_choice("--output-format", self.output_format, get_args(OutputFormat))
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
 
     def settings(self) -> dict[str, Any]:
@@ -203,64 +200,63 @@ def pack_dataset(
     output = Path(output)
     _check_output(output, overwrite)
     times: dict[str, float] = {}
-    clock = time.perf_counter()
-    spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
-    sources = open_sources(inputs)
-    times["load"] = time.perf_counter() - clock
+    with _stage("load", None, _NoProgress(), times):
+        spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
+        sources = open_sources(inputs)
 
     staging = output.parent / f".{output.name}.partial-{uuid.uuid4().hex[:12]}"
     staging.mkdir(parents=True)
     try:
-        clock = time.perf_counter()
-        total_rows = (
-            sum(s.estimated_rows for s in sources) if all(s.estimated_rows for s in sources) else None
-        )
-        progress.begin("tokenize", total_rows)
-        report = tokenize_to_store(
-            _chunks(sources),
-            spec,
-            config.format,
-            staging / "_store",
-            workers=config.workers,
-            skip_bad_rows=config.skip_bad_lines,
-            on_rows=progress.advance,
-        )
-        progress.end()
-        times["tokenize"] = time.perf_counter() - clock
-
-        clock = time.perf_counter()
-        progress.begin("plan", 1)
-        store = report.store
-        counts, keep, aligned, excluded = _account(store, config, report)
-        if not keep.any():
-            raise TightpackError(
-                f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
-                f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
+        estimates = [source.estimated_rows for source in sources]
+        with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
+            report = tokenize_to_store(
+                _chunks(sources),
+                spec,
+                config.format,
+                staging / "_store",
+                workers=config.workers,
+                skip_bad_rows=config.skip_bad_lines,
+                on_rows=progress.advance,
             )
-        kept = np.flatnonzero(keep)
-        local_plan = plan_packs(
-            aligned[kept], config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed
-        )
-        plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
-        stats = pack_stats(plan, aligned, config.packed_sequence_size)
-        progress.advance(1)
-        progress.end()
-        times["plan"] = time.perf_counter() - clock
+        store = report.store
 
-        clock = time.perf_counter()
-        progress.begin("write", len(plan))
-        files = _write(store, plan, aligned, staging, spec.eos_id, config, progress)
-        (staging / METADATA_NAME).write_text(json.dumps([stats.megatron_metadata()], indent=2) + "\n")
-        times["write"] = time.perf_counter() - clock
-        manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
-        progress.end()
+        with _stage("plan", 1, progress, times):
+            counts, keep, aligned, excluded = _account(store, config, report)
+            if not keep.any():
+                raise TightpackError(
+                    f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
+                    f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
+                )
+            kept = np.flatnonzero(keep)
+            local_plan = plan_packs(
+                aligned[kept], config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed
+            )
+            plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
+            stats = pack_stats(plan, aligned, config.packed_sequence_size)
+            progress.advance(1)
+
+        with _stage("write", len(plan), progress, times):
+            files = _write(store, plan, aligned, staging, spec.eos_id, config, progress)
+            metadata = [stats.megatron_metadata()]
+            (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
+            manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
+            (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
         shutil.rmtree(staging / "_store")
         _publish(staging, output)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return PackResult(output, counts, stats, times, files, report.bad_rows)
+
+
+@contextmanager
+def _stage(name: str, total: int | None, progress: Progress, times: dict[str, float]) -> Iterator[None]:
+    """Time a stage into ``times[name]`` and report it to ``progress``."""
+    clock = time.perf_counter()
+    progress.begin(name, total)
+    yield
+    progress.end()
+    times[name] = time.perf_counter() - clock
 
 
 def _chunks(sources):

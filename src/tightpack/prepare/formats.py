@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from tightpack.errors import TightpackError
+from tightpack.errors import TightpackError, check_choice
 
 __all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row"]
 
@@ -71,12 +71,8 @@ class FormatConfig:
     loss_on: LossOn = "assistant"
 
     def __post_init__(self) -> None:
-        if self.format not in ("auto", "prompt-completion", "chat", "tokens"):
-            raise TightpackError(
-                f"--format must be auto, prompt-completion, chat or tokens, got {self.format!r}"
-            )
-        if self.loss_on not in ("assistant", "last-turn", "all"):
-            raise TightpackError(f"--loss-on must be assistant, last-turn or all, got {self.loss_on!r}")
+        check_choice("--format", self.format, get_args(Format))
+        check_choice("--loss-on", self.loss_on, get_args(LossOn))
         suffix = "{" + self.output_key + "}"
         if not self.template.endswith(suffix) or self.template.count(suffix) != 1:
             raise TightpackError(
