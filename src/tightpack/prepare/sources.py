@@ -70,14 +70,15 @@ class Source:
     read: Any = field(repr=False)  # (first_sample, chunk_rows) -> Iterator[Chunk]
 
 
-def _hash_file(path: Path) -> tuple[str, int]:
-    """sha256 and newline count of a file, streamed."""
-    digest, newlines = hashlib.sha256(), 0
+def _hash_file(path: Path, marker: bytes = b"\n") -> tuple[str, int]:
+    """sha256 of a file and how often ``marker`` occurs in it (a row estimate), streamed."""
+    digest, count, tail = hashlib.sha256(), 0, b""
     with open(path, "rb") as handle:
         while block := handle.read(1 << 22):
             digest.update(block)
-            newlines += block.count(b"\n")
-    return digest.hexdigest(), newlines
+            count += (tail + block).count(marker) - tail.count(marker)
+            tail = block[-(len(marker) - 1) :] if len(marker) > 1 else b""
+    return digest.hexdigest(), count
 
 
 def _jsonl_source(path: Path) -> Source:
@@ -175,11 +176,12 @@ def default_corpus() -> Source:
             "the embedded default corpus needs the package chitchat-dataset: pip install 'tightpack[demo]'"
         )
     path = Path(spec.submodule_search_locations[0]) / "dataset.json"
-    sha256, _ = _hash_file(path)
-    conversations = json.loads(path.read_text(encoding="utf-8"))
+    # One '"messages":' key per conversation (inside strings the quotes would be escaped).
+    sha256, conversations = _hash_file(path, marker=b'"messages":')
 
     def rows() -> Iterator[dict]:
-        for conversation in conversations.values():
+        # Parsed lazily: on the first chunk, while tokenization workers are starting.
+        for conversation in json.loads(path.read_text(encoding="utf-8")).values():
             turns = conversation["messages"]
             first = turns[0][0]["sender"] if turns else None
             yield {
@@ -193,7 +195,7 @@ def default_corpus() -> Source:
             }
 
     return _rows_source(
-        rows(), DEFAULT_CORPUS_NAME, {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}, len(conversations)
+        rows(), DEFAULT_CORPUS_NAME, {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}, conversations
     )
 
 
