@@ -1,0 +1,218 @@
+"""Offline collate: packed rows -> one THD training batch, as Megatron-Bridge's packed collate
+(contract section 2.10).
+
+A row is ``{input_ids, loss_mask, seq_start_id}`` as stored (one pack; the mask label-aligned), with an
+optional ``seq_len`` (real runtime length of every sequence, written by tightpack). Per stored sequence
+``ids[s:e]`` the batch gets inputs ``ids[s:e-1]`` and labels ``ids[s+1:e]``; positions restart at 0 per
+sequence. The batch width is the pack size with ``pad_to_max_length``, else the longest row rounded
+up to ``pad_seq_length_to_mult`` (at most the pack size); the width padding becomes a trailing
+pseudo-sequence in the boundaries, because rope and attention kernels expect no unaccounted padding.
+
+With an alignment multiple ``m > 1`` the boundaries come twice: physical (``cu_seqlens_q_padded``,
+where segments start in the tensor) and logical (``cu_seqlens_q``, where real tokens end). Logical
+lengths come from ``seq_len`` when the row has it, else from stripping trailing EOS tokens of each
+input slice, as the reference does.
+
+The arithmetic is numpy per row (no Python loop per token or per sequence); tensors are built once at
+the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tightpack.core.alignment import ceil_to_multiple
+from tightpack.core.ranges import in_ranges
+from tightpack.errors import TightpackError
+
+__all__ = ["PackedCollate", "PackingMetadata"]
+
+
+@dataclass(frozen=True)
+class PackingMetadata:
+    """The metadata values the static-shape collate needs (``pad_cu_seqlens``), over all entries of a
+    metadata JSON list: max of ``max_samples_per_bin`` and ``dataset_max_seqlen``, min of
+    ``min_packed_seqlen``."""
+
+    max_samples_per_bin: int
+    dataset_max_seqlen: int
+    min_packed_seqlen: int
+
+    @classmethod
+    def from_entries(cls, entries: Sequence[Mapping[str, int]]) -> PackingMetadata:
+        if not entries:
+            raise TightpackError("the packing metadata list is empty; pad_cu_seqlens needs its values")
+        return cls(
+            max_samples_per_bin=max(int(e["max_samples_per_bin"]) for e in entries),
+            dataset_max_seqlen=max(int(e["dataset_max_seqlen"]) for e in entries),
+            min_packed_seqlen=min(int(e["min_packed_seqlen"]) for e in entries),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Row:
+    inputs: np.ndarray
+    labels: np.ndarray
+    loss_mask: np.ndarray
+    positions: np.ndarray
+    physical: np.ndarray  # boundaries over the row's runtime tokens, [0, ..., L]
+    logical: np.ndarray | None  # only with alignment
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedCollate:
+    """Collate packed rows into a THD batch.
+
+    Attributes:
+        pack_size: P, the widest batch.
+        eos_id: fills the width padding of tokens and labels; marks alignment padding.
+        pad_to_max_length: width = P for every batch.
+        pad_seq_length_to_mult: width multiple otherwise (the reference's default is 16).
+        pad_seq_to_mult: per-sequence alignment multiple m of the packed data.
+        answer_only_loss: loss from the stored mask; else on every input token that is not EOS.
+        metadata: needed for ``pad_cu_seqlens`` (static shapes, CUDA graphs).
+        pad_cu_seqlens: every boundary array gets ``max_samples_per_bin + 2`` entries.
+
+    >>> collate = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1)
+    >>> rows = [{"input_ids": [1, 3, 4, 2, 5, 6, 7, 2], "loss_mask": [0] * 8, "seq_start_id": [0, 4]},
+    ...         {"input_ids": [1, 3, 4, 5, 6, 7, 8, 2], "loss_mask": [0] * 8, "seq_start_id": [0]}]
+    >>> batch = collate(rows)
+    >>> batch["cu_seqlens_q"].tolist(), batch["max_seqlen_q"].tolist()
+    ([[0, 3, 6, 7], [0, 7, 7, 7]], [[3], [7]])
+    """
+
+    pack_size: int
+    eos_id: int
+    pad_to_max_length: bool = False
+    pad_seq_length_to_mult: int = 16
+    pad_seq_to_mult: int = 1
+    answer_only_loss: bool = True
+    pad_cu_seqlens: bool = False
+    metadata: PackingMetadata | None = None
+
+    def __post_init__(self) -> None:
+        if self.pad_cu_seqlens and self.metadata is None:
+            raise TightpackError("pad_cu_seqlens needs the packing metadata (metadata.json)")
+        if self.pad_cu_seqlens and not self.pad_to_max_length:
+            raise TightpackError("'pad_to_max_length=True' is required when pad_cu_seqlens is enabled")
+        for name in ("pack_size", "pad_seq_length_to_mult", "pad_seq_to_mult"):
+            if getattr(self, name) < 1:
+                raise TightpackError(f"{name} must be a positive integer, got {getattr(self, name)}")
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if not rows:
+            raise TightpackError("cannot collate an empty batch")
+        split = [self._split(row) for row in rows]
+        longest = max(len(row.inputs) for row in split)
+        if self.pad_to_max_length:
+            width = self.pack_size
+        else:
+            width = min(self.pack_size, int(ceil_to_multiple(longest, self.pad_seq_length_to_mult)))
+        if longest > width:
+            raise TightpackError(
+                f"a packed row holds {longest} runtime tokens, more than the pack size {width}"
+            )
+        aligned = self.pad_seq_to_mult > 1
+        tokens = np.full((len(rows), width), self.eos_id, dtype=np.int64)
+        labels = np.full((len(rows), width), self.eos_id, dtype=np.int64)
+        loss_mask = np.zeros((len(rows), width), dtype=np.int64)
+        positions = np.zeros((len(rows), width), dtype=np.int64)
+        padding = np.ones((len(rows), width), dtype=bool)
+        physical, logical = [], []
+        for r, row in enumerate(split):
+            n = len(row.inputs)
+            tokens[r, :n], labels[r, :n], loss_mask[r, :n], positions[r, :n] = (
+                row.inputs, row.labels, row.loss_mask, row.positions,
+            )  # fmt: skip
+            bounds = row.physical if row.physical[-1] == width else np.append(row.physical, width)
+            physical.append(bounds)
+            if aligned:
+                real = (
+                    row.logical
+                    if len(bounds) == len(row.logical)
+                    else np.append(row.logical, row.logical[-1])
+                )
+                logical.append(real)
+                padding[r] = ~in_ranges(bounds[:-1], bounds[:-1] + np.diff(real), width)
+            else:
+                padding[r, :n] = False
+
+        batch: dict[str, Any] = {
+            "tokens": torch.from_numpy(tokens),
+            "labels": torch.from_numpy(labels),
+            "loss_mask": torch.from_numpy(loss_mask),
+            "position_ids": torch.from_numpy(positions),
+            "padding_mask": torch.from_numpy(padding),
+            "token_count": [len(row.inputs) for row in split],
+            "attention_mask": None,
+        }
+        if self.pad_cu_seqlens:
+            slots = self.metadata.max_samples_per_bin + 2
+            physical = [_extend(b, max(slots, len(b)), fill=width) for b in physical]
+            logical = [_extend(b, max(slots, len(b))) for b in logical]
+        count = max(len(b) for b in physical + logical)
+        cu = torch.from_numpy(np.stack([_extend(b, count) for b in physical]).astype(np.int32))
+        if self.pad_cu_seqlens:
+            fill = max(self.metadata.dataset_max_seqlen, width - self.metadata.min_packed_seqlen)
+            max_seqlen = torch.full((len(rows),), fill, dtype=torch.int32)
+        else:
+            max_seqlen = torch.tensor([[int(np.diff(b).max())] for b in physical], dtype=torch.int32)
+        if aligned:
+            cu_logical = torch.from_numpy(np.stack([_extend(b, count) for b in logical]).astype(np.int32))
+            batch.update(cu_seqlens_q=cu_logical, cu_seqlens_kv=cu_logical)
+            batch.update(cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu)
+        else:
+            batch.update(cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        batch.update(max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+        return batch
+
+    def _split(self, row: Mapping[str, Any]) -> _Row:
+        """Inputs, labels, mask, positions and boundaries of one stored row."""
+        ids = np.asarray(row["input_ids"], dtype=np.int64)
+        starts = np.asarray(row["seq_start_id"], dtype=np.int64)
+        stored = np.diff(np.append(starts, len(ids)))
+        last = starts + stored - 1  # the last stored token of each sequence: a label, never an input
+        is_input = np.ones(len(ids), dtype=bool)
+        is_input[last] = False
+        is_label = np.ones(len(ids), dtype=bool)
+        is_label[starts] = False
+        inputs = ids[is_input]
+        if self.answer_only_loss:
+            loss_mask = np.asarray(row["loss_mask"], dtype=np.int64)[is_input]
+        else:
+            loss_mask = (inputs != self.eos_id).astype(np.int64)
+        runtime = stored - 1
+        physical = np.concatenate(([0], np.cumsum(runtime)))
+        positions = np.arange(len(inputs)) - np.repeat(physical[:-1], runtime)
+        logical = None
+        if self.pad_seq_to_mult > 1:
+            if row.get("seq_len") is not None:
+                real = np.asarray(row["seq_len"], dtype=np.int64)
+            else:  # the reference's rule: 1 + index of the last non-EOS input of each sequence
+                real = _strip_trailing(inputs, physical, self.eos_id)
+            logical = np.concatenate(([0], np.cumsum(real)))
+        return _Row(
+            inputs=inputs, labels=ids[is_label], loss_mask=loss_mask, positions=positions,
+            physical=physical, logical=logical,
+        )  # fmt: skip
+
+
+def _strip_trailing(inputs: np.ndarray, bounds: np.ndarray, eos_id: int) -> np.ndarray:
+    """Per segment ``[bounds[i], bounds[i+1])``: 1 + the offset of its last non-EOS token (0 if none)."""
+    if len(inputs) == 0:
+        return np.zeros(len(bounds) - 1, dtype=np.int64)
+    kept = np.where(inputs != eos_id, np.arange(1, len(inputs) + 1), 0)
+    segment_ends = np.maximum.reduceat(kept, np.minimum(bounds[:-1], len(inputs) - 1))
+    empty = bounds[1:] == bounds[:-1]
+    return np.where(empty, 0, np.maximum(segment_ends - bounds[:-1], 0))
+
+
+def _extend(bounds: np.ndarray, length: int, fill: int | None = None) -> np.ndarray:
+    """Boundaries right-padded to ``length`` with ``fill`` (default: the last value: empty sequences)."""
+    extra = length - len(bounds)
+    return np.concatenate((bounds, np.full(extra, bounds[-1] if fill is None else fill, dtype=bounds.dtype)))

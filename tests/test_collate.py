@@ -1,0 +1,135 @@
+"""The offline collate against the worked examples of the contract (section 2.10) and real packed files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tightpack.errors import TightpackError
+from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.runtime.collate import PackedCollate, PackingMetadata
+
+from .conftest import write_jsonl
+
+F, T = False, True
+
+
+def row(ids, starts, mask=None, **extra):
+    return {"input_ids": ids, "loss_mask": mask or [1] * len(ids), "seq_start_id": starts, **extra}
+
+
+def test_different_sequence_counts():
+    rows = [row([1, 3, 4, 2, 5, 6, 7, 2], [0, 4]), row([1, 3, 4, 5, 6, 7, 8, 2], [0])]
+    batch = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1)(rows)
+    assert batch["cu_seqlens_q"].tolist() == [[0, 3, 6, 7], [0, 7, 7, 7]]
+    assert batch["cu_seqlens_kv"] is batch["cu_seqlens_q"]
+    assert batch["max_seqlen_q"].tolist() == [[3], [7]]
+    assert batch["padding_mask"].tolist() == [[F] * 6 + [T], [F] * 7]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5, 6]]
+    assert batch["tokens"].tolist()[0] == [1, 3, 4, 5, 6, 7, 2]
+    assert batch["labels"].tolist()[0] == [3, 4, 2, 6, 7, 2, 2]
+    assert "cu_seqlens_q_padded" not in batch
+    assert batch["token_count"] == [6, 7]
+
+
+def test_default_width_multiple_of_16_caps_at_the_pack_size():
+    rows = [row([1, 3, 4, 2, 5, 6, 7, 2], [0, 4]), row([1, 3, 4, 5, 6, 7, 8, 2], [0])]
+    batch = PackedCollate(pack_size=8, eos_id=2)(rows)
+    assert batch["cu_seqlens_q"].tolist() == [[0, 3, 6, 8], [0, 7, 8, 8]]
+    assert batch["padding_mask"].tolist() == [[F] * 6 + [T, T], [F] * 7 + [T]]
+
+
+def test_aligned_row():
+    rows = [row([10, 11, 12, 2, 2, 20, 21, 2, 2, 2], [0, 5])]
+    batch = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1, pad_seq_to_mult=4)(rows)
+    assert batch["tokens"].tolist() == [[10, 11, 12, 2, 20, 21, 2, 2]]
+    assert batch["cu_seqlens_q"].tolist() == [[0, 3, 5]]
+    assert batch["cu_seqlens_q_padded"].tolist() == [[0, 4, 8]]
+    assert batch["cu_seqlens_kv_padded"] is batch["cu_seqlens_q_padded"]
+    assert batch["padding_mask"].tolist() == [[F, F, F, T, F, F, T, T]]
+    assert batch["max_seqlen_q"].tolist() == [[4]]
+
+
+def test_aligned_row_uses_stored_seq_len_over_eos_stripping():
+    # The first sample really ends with an EOS token of its own: stripping would undercount it.
+    rows = [row([10, 2, 2, 2, 2, 20, 21, 2, 2, 2], [0, 5], seq_len=[2, 2])]
+    batch = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1, pad_seq_to_mult=4)(rows)
+    assert batch["cu_seqlens_q"].tolist() == [[0, 2, 4]]
+    stripped = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1, pad_seq_to_mult=4)(
+        [row([10, 2, 2, 2, 2, 20, 21, 2, 2, 2], [0, 5])]
+    )
+    assert stripped["cu_seqlens_q"].tolist() == [[0, 1, 3]]
+
+
+def test_fixed_width_without_alignment():
+    batch = PackedCollate(pack_size=8, eos_id=2, pad_to_max_length=True)([row([10, 11, 12, 2], [0])])
+    assert batch["tokens"].tolist() == [[10, 11, 12, 2, 2, 2, 2, 2]]
+    assert batch["cu_seqlens_q"].tolist() == [[0, 3, 8]]
+    assert "cu_seqlens_q_padded" not in batch
+    assert batch["padding_mask"].tolist() == [[F, F, F, T, T, T, T, T]]
+    assert batch["loss_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0]]
+
+
+def test_static_shapes_with_pad_cu_seqlens():
+    metadata = PackingMetadata.from_entries(
+        [{"max_samples_per_bin": 3, "dataset_max_seqlen": 5, "min_packed_seqlen": 2},
+         {"max_samples_per_bin": 2, "dataset_max_seqlen": 4, "min_packed_seqlen": 3}]
+    )  # fmt: skip
+    collate = PackedCollate(
+        pack_size=8, eos_id=2, pad_to_max_length=True, pad_cu_seqlens=True, metadata=metadata
+    )
+    batch = collate([row([10, 11, 12, 2], [0]), row([5, 2, 6, 7, 2], [0, 2])])
+    assert batch["cu_seqlens_q"].tolist() == [[0, 3, 8, 8, 8], [0, 1, 3, 8, 8]]
+    assert batch["max_seqlen_q"].tolist() == [6, 6]  # max(5, 8 - 2)
+
+
+def test_loss_on_every_non_eos_input():
+    batch = PackedCollate(pack_size=8, eos_id=2, answer_only_loss=False)(
+        [row([5, 2, 6, 7, 2], [0, 2], mask=[0] * 5)]
+    )
+    assert batch["tokens"].tolist() == [[5, 6, 7, 2, 2, 2, 2, 2]]
+    assert batch["loss_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pad_cu_seqlens": True, "pad_to_max_length": True}, "pad_cu_seqlens needs the packing metadata"),
+        (
+            {"pad_cu_seqlens": True, "metadata": PackingMetadata(2, 4, 1)},
+            "'pad_to_max_length=True' is required",
+        ),
+        ({"pad_seq_to_mult": 0}, "pad_seq_to_mult must be a positive integer, got 0"),
+    ],
+)
+def test_invalid_settings(kwargs, message):
+    with pytest.raises(TightpackError, match=message):
+        PackedCollate(pack_size=8, eos_id=2, **kwargs)
+
+
+def test_rows_over_the_pack_size_are_refused():
+    with pytest.raises(TightpackError, match="holds 9 runtime tokens, more than the pack size 8"):
+        PackedCollate(pack_size=8, eos_id=2, pad_to_max_length=True)([row(list(range(3, 13)), [0])])
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_pipeline_output_collates_to_the_manifest_counts(tmp_path, chat_rows, multiple):
+    source = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    result = pack_dataset(
+        [source], tmp_path / "out", PackConfig(packed_sequence_size=256, pad_seq_to_mult=multiple)
+    )
+    rows = pq.read_table(next((tmp_path / "out").glob("*.parquet"))).to_pylist()
+    metadata = PackingMetadata.from_entries(json.loads((tmp_path / "out" / "metadata.json").read_text()))
+    collate = PackedCollate(pack_size=256, eos_id=50256, pad_seq_to_mult=multiple, pad_to_max_length=True,
+                            pad_cu_seqlens=True, metadata=metadata)  # fmt: skip
+    batch = collate(rows)
+    assert int(batch["loss_mask"].sum()) == result.counts["supervised_packed"]
+    assert int((~batch["padding_mask"]).sum()) == result.counts["tokens_packed"]
+    real = np.diff(batch["cu_seqlens_q"].numpy(), axis=1)
+    assert int(real.sum()) == result.counts["tokens_packed"] + (
+        0 if multiple > 1 else int(batch["padding_mask"].sum())
+    )
+    assert batch["cu_seqlens_q"].shape[1] == metadata.max_samples_per_bin + 2
