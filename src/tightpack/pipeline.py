@@ -190,6 +190,9 @@ def pack_dataset(
         config: the run's settings.
         tokenizer: a tokenizer path, a loaded `TokenizerSpec`, or None for the built-in GPT-2.
 
+    With ``config.workers > 1`` the worker processes start from a fork server, so a script calling this
+    needs the usual ``if __name__ == "__main__":`` guard.
+
     Example::
 
         result = pack_dataset(["train.jsonl"], "packed", PackConfig(packed_sequence_size=4096))
