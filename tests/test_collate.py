@@ -33,6 +33,8 @@ def test_different_sequence_counts():
     assert batch["labels"].tolist()[0] == [3, 4, 2, 6, 7, 2, 2]
     assert "cu_seqlens_q_padded" not in batch
     assert batch["token_count"] == [6, 7]
+    assert batch["seq_idx"].tolist() == [[0, 0, 0, 1, 1, 1, 2], [0] * 7]
+    assert batch["total_tokens"] == 7
 
 
 def test_default_width_multiple_of_16_caps_at_the_pack_size():
@@ -51,6 +53,7 @@ def test_aligned_row():
     assert batch["cu_seqlens_kv_padded"] is batch["cu_seqlens_q_padded"]
     assert batch["padding_mask"].tolist() == [[F, F, F, T, F, F, T, T]]
     assert batch["max_seqlen_q"].tolist() == [[4]]
+    assert batch["seq_idx"].tolist() == [[0, 0, 0, 0, 1, 1, 1, 1]]  # alignment padding stays in its segment
 
 
 def test_aligned_row_uses_stored_seq_len_over_eos_stripping():

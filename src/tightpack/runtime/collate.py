@@ -14,7 +14,8 @@ lengths come from ``seq_len`` when the row has it, else from stripping trailing 
 input slice, as the reference does.
 
 The arithmetic is numpy per row (no Python loop per token or per sequence); tensors are built once at
-the end.
+the end. Beyond the reference, the batch carries ``total_tokens`` (the width) and ``seq_idx`` (the
+physical segment of every token, ``[B, W]`` int32: where Mamba/SSM layers reset their state).
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class PackedCollate:
         loss_mask = np.zeros((len(rows), width), dtype=np.int64)
         positions = np.zeros((len(rows), width), dtype=np.int64)
         padding = np.ones((len(rows), width), dtype=bool)
+        seq_idx = np.zeros((len(rows), width), dtype=np.int32)
         physical, logical = [], []
         for r, row in enumerate(split):
             n = len(row.inputs)
@@ -131,6 +133,7 @@ class PackedCollate:
             )  # fmt: skip
             bounds = row.physical if row.physical[-1] == width else np.append(row.physical, width)
             physical.append(bounds)
+            seq_idx[r] = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
             if aligned:
                 real = (
                     row.logical
@@ -148,6 +151,8 @@ class PackedCollate:
             "loss_mask": torch.from_numpy(loss_mask),
             "position_ids": torch.from_numpy(positions),
             "padding_mask": torch.from_numpy(padding),
+            "seq_idx": torch.from_numpy(seq_idx),
+            "total_tokens": width,
             "token_count": [len(row.inputs) for row in split],
             "attention_mask": None,
         }
