@@ -29,9 +29,9 @@ import numpy as np
 from tightpack import __version__
 from tightpack.core import legacy_npy
 from tightpack.core.alignment import aligned_lengths, alignment_multiple, length_cap
+from tightpack.core.checksums import file_digest
 from tightpack.core.packed_parquet import (
     default_row_group_size,
-    file_digest,
     gather_packs,
     write_packed_parquet,
 )

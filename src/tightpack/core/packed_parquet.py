@@ -23,7 +23,6 @@ arithmetic straight from the memory-mapped store: no per-token Python objects.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tightpack.core.checksums import file_digest
 from tightpack.core.planner import PackPlan
 from tightpack.core.ranges import in_ranges
 from tightpack.core.token_store import TokenStore
@@ -187,12 +187,3 @@ def write_packed_parquet(
         writer.close()
         files.append({"name": path.name, "rows": file_stop - file_first, **file_digest(path)})
     return files
-
-
-def file_digest(path: str | Path) -> dict:
-    """``{"bytes", "sha256"}`` of a file, streamed."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return {"bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}

@@ -10,7 +10,6 @@ are not samples and are skipped; a UTF-8 byte order mark at the start of a file 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from collections.abc import Iterable, Iterator
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tightpack.core.checksums import sha256_and_count
 from tightpack.errors import TightpackError
 
 __all__ = ["DEFAULT_CORPUS_NAME", "Chunk", "Source", "default_corpus", "open_sources"]
@@ -70,19 +70,8 @@ class Source:
     read: Any = field(repr=False)  # (first_sample, chunk_rows) -> Iterator[Chunk]
 
 
-def _hash_file(path: Path, marker: bytes = b"\n") -> tuple[str, int]:
-    """sha256 of a file and how often ``marker`` occurs in it (a row estimate), streamed."""
-    digest, count, tail = hashlib.sha256(), 0, b""
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-            count += (tail + block).count(marker) - tail.count(marker)
-            tail = block[-(len(marker) - 1) :] if len(marker) > 1 else b""
-    return digest.hexdigest(), count
-
-
 def _jsonl_source(path: Path) -> Source:
-    sha256, newlines = _hash_file(path)
+    sha256, newlines = sha256_and_count(path)
 
     def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
         lines: list[bytes] = []
@@ -108,7 +97,7 @@ def _jsonl_source(path: Path) -> Source:
 def _parquet_source(path: Path) -> Source:
     import pyarrow.parquet as pq
 
-    sha256, _ = _hash_file(path)
+    sha256, _ = sha256_and_count(path)
     try:
         rows = pq.ParquetFile(path).metadata.num_rows
     except Exception as error:  # pyarrow raises ArrowInvalid / OSError for a damaged file
@@ -177,7 +166,7 @@ def default_corpus() -> Source:
         )
     path = Path(spec.submodule_search_locations[0]) / "dataset.json"
     # One '"messages":' key per conversation (inside strings the quotes would be escaped).
-    sha256, conversations = _hash_file(path, marker=b'"messages":')
+    sha256, conversations = sha256_and_count(path, marker=b'"messages":')
 
     def rows() -> Iterator[dict]:
         # Parsed lazily: on the first chunk, while tokenization workers are starting.
