@@ -9,8 +9,8 @@ same number of worker processes K:
   mask, plan, write Parquet, manifest).
 
 The texts are rendered beforehand, outside the timings, with tightpack's own formatter, so the
-baseline tokenizes exactly the texts tightpack tokenizes. Reports wall times (best of --repeats)
-and their ratio; asserts nothing.
+baseline tokenizes exactly the texts tightpack tokenizes. Runs alternate between the two sides;
+reports wall times (best of --repeats) and their ratio; asserts nothing.
 
     .venv/bin/python benchmarks/bench_pipeline.py [--workers 1 2] [--repeats 3]
 """
@@ -59,7 +59,7 @@ def render_texts(path: Path) -> int:
     count = 0
     with open(path, "w", encoding="utf-8") as handle:
         for chunk in default_corpus().read(0, 1024):
-            for row in chunk.rows:
+            for row in chunk.parsed_rows():
                 handle.write(json.dumps({"text": render_row(row, FormatConfig(), None, {}).text}) + "\n")
                 count += 1
     return count
@@ -74,7 +74,7 @@ def timed(command: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
     tightpack = str(Path(sys.executable).with_name("tightpack"))
@@ -88,15 +88,21 @@ def main() -> None:
         print(f"demo corpus: {count:,} rendered conversations; best of {args.repeats}\n")
         print(f"{'workers':>7}  {'tokenize only (s)':>17}  {'tightpack pack (s)':>18}  {'ratio':>6}")
         for workers in args.workers:
-            baseline = min(
-                timed([sys.executable, str(script), str(texts), str(workers)]) for _ in range(args.repeats)
-            )
-            pack = min(
-                timed(
-                    [tightpack, "pack", "--workers", str(workers), "-o", str(scratch / "out"), "--overwrite"]
-                )
-                for _ in range(args.repeats)
-            )
+            baseline_command = [sys.executable, str(script), str(texts), str(workers)]
+            pack_command = [
+                tightpack,
+                "pack",
+                "--workers",
+                str(workers),
+                "-o",
+                str(scratch / "out"),
+                "--overwrite",
+            ]
+            times = {"baseline": [], "pack": []}
+            for _ in range(args.repeats):  # interleaved, so that a drift of the machine hits both sides
+                times["baseline"].append(timed(baseline_command))
+                times["pack"].append(timed(pack_command))
+            baseline, pack = min(times["baseline"]), min(times["pack"])
             ratio = pack / baseline
             results.append({"workers": workers, "tokenize_only_s": baseline, "pack_s": pack, "ratio": ratio})
             print(f"{workers:>7}  {baseline:>17.2f}  {pack:>18.2f}  {ratio:>5.2f}x")

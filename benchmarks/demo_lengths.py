@@ -18,7 +18,7 @@ def demo_runtime_lengths() -> np.ndarray:
     texts = [
         render_row(row, FormatConfig(), None, {}).text
         for chunk in default_corpus().read(0, 1024)
-        for row in chunk.rows
+        for row in chunk.parsed_rows()
     ]
     backend = load_tokenizer(None).backend
     return np.array([len(encoding.ids) for encoding in backend.encode_batch(texts)], dtype=np.int64)

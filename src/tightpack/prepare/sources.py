@@ -10,6 +10,7 @@ are not samples and are skipped; a UTF-8 byte order mark at the start of a file 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from collections.abc import Iterable, Iterator
@@ -36,7 +37,7 @@ class Chunk:
         source: display name of the source (a path, or a dataset's name).
         first_position: 1-based line number (JSONL) or 0-based row number (other sources) of the first row.
         lines: raw JSONL lines (bytes), with ``positions`` their line numbers; or None.
-        rows: parsed rows; or None.
+        rows: parsed rows, or a `CorpusSlice` loaded in the worker; or None.
         batch: a pyarrow RecordBatch of Parquet rows (converted in the worker); or None.
     """
 
@@ -44,7 +45,7 @@ class Chunk:
     source: str
     lines: list[bytes] | None = None
     positions: list[int] | None = None
-    rows: list[Any] | None = None
+    rows: list[Any] | CorpusSlice | None = None
     batch: Any = None
     first_position: int = 0
 
@@ -52,6 +53,12 @@ class Chunk:
         if self.batch is not None:
             return self.batch.num_rows
         return len(self.lines if self.lines is not None else self.rows)
+
+    def parsed_rows(self) -> list[Any]:
+        """The rows of a ``rows`` or ``batch`` chunk, as Python objects."""
+        if self.batch is not None:
+            return self.batch.to_pylist()
+        return self.rows.load() if isinstance(self.rows, CorpusSlice) else self.rows
 
     def location(self, offset: int) -> str:
         """Human-readable location of the row at ``offset`` within this chunk."""
@@ -157,7 +164,8 @@ def default_corpus() -> Source:
 
     Each conversation is a list of turns, each turn a list of utterances by one sender. A turn
     becomes one message (utterances joined by newlines); the sender of the first turn is the
-    ``user``, the other one the ``assistant``.
+    ``user``, the other one the ``assistant``. Chunks are slices of the file (`CorpusSlice`): the
+    file is parsed where the chunk is tokenized, once per process, so K workers parse in parallel.
     """
     spec = importlib.util.find_spec("chitchat_dataset")
     if spec is None or not spec.submodule_search_locations:
@@ -168,24 +176,53 @@ def default_corpus() -> Source:
     # One '"messages":' key per conversation (inside strings the quotes would be escaped).
     sha256, conversations = sha256_and_count(path, marker=b'"messages":')
 
-    def rows() -> Iterator[dict]:
-        # Parsed lazily: on the first chunk, while tokenization workers are starting.
-        for conversation in json.loads(path.read_text(encoding="utf-8")).values():
-            turns = conversation["messages"]
-            first = turns[0][0]["sender"] if turns else None
-            yield {
-                "messages": [
-                    {
-                        "role": "user" if turn[0]["sender"] == first else "assistant",
-                        "content": "\n".join([utterance["text"] for utterance in turn]),
-                    }
-                    for turn in turns
-                ]
-            }
+    def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
+        for start in range(0, conversations, chunk_rows):
+            rows = CorpusSlice(str(path), start, min(start + chunk_rows, conversations), conversations)
+            yield Chunk(first_sample + start, DEFAULT_CORPUS_NAME, rows=rows, first_position=start)
 
-    return _rows_source(
-        rows(), DEFAULT_CORPUS_NAME, {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}, conversations
-    )
+    return Source(DEFAULT_CORPUS_NAME, {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}, conversations, read)
+
+
+@dataclass(frozen=True)
+class CorpusSlice:
+    """Conversations ``[start, stop)`` of the default corpus file, loaded where they are used."""
+
+    path: str
+    start: int
+    stop: int
+    total: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def load(self) -> list[dict]:
+        conversations = _parsed_corpus(self.path)
+        if len(conversations) != self.total:
+            raise TightpackError(
+                f"{self.path}: expected {self.total} conversations, found {len(conversations)}"
+            )
+        return [chitchat_messages(conversation) for conversation in conversations[self.start : self.stop]]
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_corpus(path: str) -> list[dict]:
+    return list(json.loads(Path(path).read_text(encoding="utf-8")).values())
+
+
+def chitchat_messages(conversation: dict) -> dict:
+    """A chitchat conversation as a chat row: one message per turn, first sender = user."""
+    turns = conversation["messages"]
+    first = turns[0][0]["sender"] if turns else None
+    return {
+        "messages": [
+            {
+                "role": "user" if turn[0]["sender"] == first else "assistant",
+                "content": "\n".join([utterance["text"] for utterance in turn]),
+            }
+            for turn in turns
+        ]
+    }
 
 
 def open_sources(inputs: Iterable[Any] | None) -> list[Source]:

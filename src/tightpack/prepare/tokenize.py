@@ -78,12 +78,9 @@ def _init_worker(spec: TokenizerSpec, config: FormatConfig, single_threaded: boo
 
 
 def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
-    """(offset, row or BadRow-reason) for every row of the chunk."""
-    if chunk.batch is not None:
-        yield from enumerate(chunk.batch.to_pylist())
-        return
+    """(offset, row or RowError) for every row of the chunk."""
     if chunk.lines is None:
-        yield from enumerate(chunk.rows)
+        yield from enumerate(chunk.parsed_rows())
         return
     for offset, line in enumerate(chunk.lines):
         try:
