@@ -312,3 +312,43 @@ def test_derived_alignment_multiple_is_recorded(tmp_path, prompt_completion_rows
     )
     for sequence in read_sequences(tmp_path / "out").values():
         assert (len(sequence["tokens"]) - 1) % 4 == 0
+
+
+def spec_from_backend(backend, name: str):
+    from tightpack.prepare.tokenizer import _spec_from
+
+    return _spec_from(backend, {"eos_token": "<|endoftext|>"}, name)
+
+
+def test_non_byte_level_tokenizer_takes_the_offsets_path(tmp_path, chat_rows):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from tightpack.prepare.sources import default_corpus
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.normalizer = normalizers.NFKC()
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    corpus = (
+        m["content"] for c in default_corpus().read(0, 512) for r in c.parsed_rows() for m in r["messages"]
+    )
+    backend.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=2000, special_tokens=["<unk>", "<|endoftext|>"])
+    )
+    spec = spec_from_backend(backend, "metaspace-bpe")
+    assert spec.byte_level is None
+    source = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=256), tokenizer=spec)
+    check_round_trip(tmp_path / "out", chat_rows, spec, cap=256, multiple=1)
+
+
+def test_byte_level_chunk_whose_bytes_do_not_line_up_falls_back_to_offsets(tmp_path, gpt2):
+    from tokenizers import AddedToken, Tokenizer
+
+    backend = Tokenizer.from_str(gpt2.backend_json)
+    backend.add_tokens([AddedToken("<|sep|>", lstrip=True)])  # swallows the spaces before it
+    spec = spec_from_backend(backend, "gpt2+lstrip")
+    assert spec.byte_level is not None
+    rows = [{"input": f"question {i}   <|sep|>", "output": f"answer {i} über"} for i in range(20)]
+    source = write_jsonl(tmp_path / "train.jsonl", rows)
+    pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=64), tokenizer=spec)
+    check_round_trip(tmp_path / "out", rows, spec, cap=64, multiple=1)

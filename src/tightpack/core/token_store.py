@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["TokenStore", "TokenStoreWriter"]
+__all__ = ["TokenStore", "TokenStoreWriter", "append_eos"]
 
 _FORMAT_VERSION = 1
 
@@ -128,3 +128,26 @@ class TokenStore:
 
     def sample_loss_mask(self, index: int) -> np.ndarray:
         return np.asarray(self.loss_mask[self.offsets[index] : self.offsets[index + 1]])
+
+
+def append_eos(
+    ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, eos_id: int, eos_supervised: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Samples stored back to back, each ending with EOS (appended unless it is already the last
+    token), the EOS supervised where ``eos_supervised``. Returns tokens (int32), mask (int8) and the
+    stored lengths.
+
+    >>> tokens, mask, stored = append_eos(np.array([5, 6, 9, 7]), np.array([0, 1, 0, 1]), np.array([2, 2]),
+    ...                                   9, np.array([True, False]))
+    >>> tokens.tolist(), mask.tolist(), stored.tolist()
+    ([5, 6, 9, 9, 7, 9], [0, 1, 1, 0, 1, 0], [3, 3])
+    """
+    ends = np.cumsum(lengths)
+    last = np.maximum(ends - 1, 0)
+    has_eos = (lengths > 0) & (ids[last] == eos_id) if len(ids) else np.zeros(len(lengths), dtype=bool)
+    needs = ~has_eos
+    tokens = np.insert(ids, ends[needs], eos_id).astype(np.int32)
+    stored = lengths + needs
+    loss_mask = np.insert(mask, ends[needs], 0).astype(np.int8)
+    loss_mask[(np.cumsum(stored) - 1)[eos_supervised]] = 1
+    return tokens, loss_mask, stored

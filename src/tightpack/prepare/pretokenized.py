@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tightpack.core.token_store import append_eos
 from tightpack.errors import TightpackError
 
 __all__ = ["MASK_KEY", "TOKENS_KEY", "pretokenized_arrays"]
@@ -111,16 +112,10 @@ def pretokenized_arrays(
     keep = good[row_of_token]
     ids, mask, lengths = ids[keep], mask[keep], lengths[good]
 
-    ends = np.cumsum(lengths)
-    has_eos = (
-        (lengths > 0) & (ids[np.maximum(ends - 1, 0)] == eos_id) if len(ids) else np.zeros(len(lengths), bool)
-    )
-    needs_eos = ~has_eos
-    eos_mask = np.where(lengths > 0, mask[np.maximum(ends - 1, 0)] if len(mask) else 1, 1)
-    insert_at = ends[needs_eos]
-    tokens = np.insert(ids, insert_at, eos_id).astype(np.int32)
-    loss_mask = np.insert(mask, insert_at, eos_mask[needs_eos]).astype(np.int8)
+    last = np.maximum(np.cumsum(lengths) - 1, 0)
+    eos_supervised = np.where(lengths > 0, mask[last] if len(mask) else 1, 1).astype(bool)
+    tokens, loss_mask, stored = append_eos(ids, mask, lengths, eos_id, eos_supervised)
     first_reason: dict[int, str] = {}
     for row, reason in bad:
         first_reason.setdefault(row, reason)
-    return tokens, loss_mask, lengths + needs_eos, np.flatnonzero(good), sorted(first_reason.items())
+    return tokens, loss_mask, stored, np.flatnonzero(good), sorted(first_reason.items())

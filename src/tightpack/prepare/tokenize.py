@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tightpack.core.ranges import in_ranges
-from tightpack.core.token_store import TokenStore, TokenStoreWriter
+from tightpack.core.token_store import TokenStore, TokenStoreWriter, append_eos
 from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row
 from tightpack.prepare.pretokenized import pretokenized_arrays
@@ -135,10 +135,106 @@ def _render_chunk(chunk: Chunk) -> tuple[list[tuple[int, Rendered]], list[BadRow
 
 
 def _encode(rendered: list[tuple[int, Rendered]]) -> list:
-    """Encodings of the rendered texts, in order (one batch call per special-token setting)."""
+    """Token ids of the rendered texts: lists of ints on the byte-level fast path (the tokenizer
+    tracks no offsets; special tokens are added by `_byte_level_body`), else ``Encoding`` objects."""
+    if _Worker.spec.byte_level is None:
+        return _encode_with_offsets(rendered)
+    texts = [sample.text for _, sample in rendered]
+    return [encoding.ids for encoding in _Worker.backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _char_spans_to_bytes(text: str, spans) -> list[tuple[int, int]]:
+    """Character spans of ``text`` as UTF-8 byte spans."""
+    if text.isascii():
+        return list(spans)
+    converted, chars, bytes_ = [], 0, 0
+    for start, end in spans:
+        bytes_ += len(text[chars:start].encode("utf-8"))
+        first = bytes_
+        bytes_ += len(text[start:end].encode("utf-8"))
+        converted.append((first, bytes_))
+        chars = end
+    return converted
+
+
+def _byte_level_body(rendered: list[tuple[int, Rendered]], id_lists: list[list[int]]):
+    """Flat ids, lengths and supervised mask of the samples, from token byte lengths (no offsets).
+
+    Returns None when some sample's tokens do not cover its UTF-8 bytes exactly (an added token that
+    strips whitespace, say): the chunk then takes the offsets path.
+    """
+    layout = _Worker.spec.byte_level
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+    text_bytes = np.array([len(sample.text.encode("utf-8")) for _, sample in rendered], dtype=np.int64)
+    if ids.size and ids.max() >= len(layout.token_bytes):
+        return None
+    token_bytes = layout.token_bytes[ids]
+    cumulative = np.concatenate(([0], np.cumsum(token_bytes)))
+    sample_ends = np.cumsum(lengths)
+    if not np.array_equal(cumulative[sample_ends] - cumulative[sample_ends - lengths], text_bytes):
+        return None
+    token_starts, token_ends = cumulative[:-1], cumulative[1:]
+
+    byte_base = np.cumsum(text_bytes) - text_bytes
+    span_starts, span_ends = [], []
+    for (_, sample), base in zip(rendered, byte_base.tolist(), strict=True):
+        for start, end in _char_spans_to_bytes(sample.text, sample.spans):
+            span_starts.append(base + start)
+            span_ends.append(base + end)
+    span_starts, span_ends = np.array(span_starts, dtype=np.int64), np.array(span_ends, dtype=np.int64)
+    if len(span_starts):  # a token is supervised when its bytes overlap a span (spans are sorted, disjoint)
+        index = np.searchsorted(span_ends, token_starts, side="right")
+        inside = index < len(span_starts)
+        mask = inside & (span_starts[np.minimum(index, len(span_starts) - 1)] < token_ends)
+    else:
+        mask = np.zeros(len(ids), dtype=bool)
+
+    with_specials = np.array([sample.add_special_tokens for _, sample in rendered], dtype=bool)
+    if (layout.prefix_ids or layout.suffix_ids) and with_specials.any():
+        starts = (sample_ends - lengths)[with_specials]
+        ends = sample_ends[with_specials]
+        prefix, suffix = np.array(layout.prefix_ids, np.int64), np.array(layout.suffix_ids, np.int64)
+        positions = np.concatenate((np.repeat(starts, len(prefix)), np.repeat(ends, len(suffix))))
+        values = np.concatenate((np.tile(prefix, len(starts)), np.tile(suffix, len(ends))))
+        order = np.argsort(positions, kind="stable")
+        ids = np.insert(ids, positions[order], values[order])
+        mask = np.insert(mask, positions[order], False)
+        lengths = lengths + with_specials * (len(prefix) + len(suffix))
+    return ids, lengths, mask
+
+
+def _offsets_body(rendered: list[tuple[int, Rendered]], encodings: list):
+    """Flat ids, lengths and supervised mask of the samples, from the tokenizer's offsets."""
+    id_lists = [encoding.ids for encoding in encodings]
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+    starts = (np.cumsum(lengths) - lengths).tolist()
+    rises, falls = [], []
+    for base, n, encoding, (_, sample) in zip(starts, lengths.tolist(), encodings, rendered, strict=True):
+        for first, stop in _supervised_tokens(encoding, sample.text, sample.spans, n):
+            rises.append(base + first)
+            falls.append(base + stop)
+    return ids, lengths, in_ranges(rises, falls, len(ids))
+
+
+def _assemble(chunk: Chunk, rendered: list[tuple[int, Rendered]], encoded: list, bad_rows) -> ChunkResult:
+    """Flat token and mask arrays of the chunk's samples, EOS appended."""
+    spec = _Worker.spec
+    body = _byte_level_body(rendered, encoded) if spec.byte_level is not None else None
+    if body is None:
+        if spec.byte_level is not None:  # rare: re-encode this chunk with offsets
+            encoded = _encode_with_offsets(rendered)
+        body = _offsets_body(rendered, encoded)
+    ids, lengths, mask = body
+    eos_supervised = np.array([sample.eos_supervised for _, sample in rendered], dtype=bool)
+    tokens, loss_mask, stored = append_eos(ids, mask, lengths, spec.eos_id, eos_supervised)
+    source_index = np.array([chunk.first_sample + offset for offset, _ in rendered], dtype=np.int64)
+    return ChunkResult(tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk))
+
+
+def _encode_with_offsets(rendered: list[tuple[int, Rendered]]) -> list:
     backend = _Worker.backend
-    if all(sample.add_special_tokens for _, sample in rendered):
-        return backend.encode_batch([sample.text for _, sample in rendered], add_special_tokens=True)
     encodings: list = [None] * len(rendered)
     for add_special in (True, False):
         picked = [i for i, (_, sample) in enumerate(rendered) if sample.add_special_tokens is add_special]
@@ -149,36 +245,6 @@ def _encode(rendered: list[tuple[int, Rendered]]) -> list:
             for i, encoding in zip(picked, batch, strict=True):
                 encodings[i] = encoding
     return encodings
-
-
-def _assemble(chunk: Chunk, rendered: list[tuple[int, Rendered]], encodings: list, bad_rows) -> ChunkResult:
-    """Flat token and mask arrays of the chunk's samples, EOS appended."""
-    eos_id = _Worker.spec.eos_id
-    ids = [encoding.ids for encoding in encodings]
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    ends_with_eos = np.fromiter((bool(x) and x[-1] == eos_id for x in ids), dtype=bool, count=len(ids))
-    stored = lengths + ~ends_with_eos
-    total = int(stored.sum())
-    starts = np.cumsum(stored) - stored
-
-    tokens = np.full(total, eos_id, dtype=np.int32)
-    body = np.ones(total, dtype=bool)
-    body[(starts + stored - 1)[~ends_with_eos]] = False  # the appended EOS slots
-    tokens[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
-
-    rises, falls = [], []
-    for i, (encoding, (_, sample)) in enumerate(zip(encodings, rendered, strict=True)):
-        base = int(starts[i])
-        for first, stop in _supervised_tokens(encoding, sample.text, sample.spans, int(lengths[i])):
-            rises.append(base + first)
-            falls.append(base + stop)
-        if sample.eos_supervised:
-            rises.append(base + int(stored[i]) - 1)
-            falls.append(base + int(stored[i]))
-    loss_mask = in_ranges(rises, falls, total).astype(np.int8)
-
-    source_index = np.array([chunk.first_sample + offset for offset, _ in rendered], dtype=np.int64)
-    return ChunkResult(tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk))
 
 
 def _pretokenized_chunk(chunk: Chunk) -> ChunkResult:

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
+
 from tightpack.errors import TightpackError
 
-__all__ = ["MIN_VOCAB_SIZE", "TokenizerSpec", "load_tokenizer"]
+__all__ = ["MIN_VOCAB_SIZE", "ByteLevelLayout", "TokenizerSpec", "load_tokenizer"]
 
 #: Smaller vocabularies are refused: transformers 5 can build an empty tokenizer silently
 #: (``GPT2TokenizerFast(vocab_file=...)``), and packing with it would produce garbage without error.
@@ -66,10 +68,60 @@ class TokenizerSpec:
 
         return Tokenizer.from_str(self.backend_json)
 
+    @cached_property
+    def byte_level(self) -> ByteLevelLayout | None:
+        """Token byte lengths when token offsets can be derived from them (see `ByteLevelLayout`)."""
+        return ByteLevelLayout.of(self.backend_json, self.backend)
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("backend", None)
+        state.pop("byte_level", None)
         return state
+
+
+@dataclass(frozen=True)
+class ByteLevelLayout:
+    """For a byte-level BPE tokenizer without normalizer: the UTF-8 bytes every token id stands for.
+
+    In byte-level BPE each character of a vocabulary entry stands for exactly one byte of the text,
+    and an added token stands for its own text; the tokens of a text therefore cover its bytes back
+    to back, and token offsets follow from a cumulative sum of ``token_bytes[ids]``. That lets the
+    tokenizer skip its own offset tracking (``encode_batch_fast``), which is a good part of its cost.
+    ``prefix_ids``/``suffix_ids`` are what the post-processor adds around a text (a BOS, say).
+    """
+
+    token_bytes: np.ndarray
+    prefix_ids: tuple[int, ...]
+    suffix_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, backend_json: str, backend) -> ByteLevelLayout | None:
+        config = json.loads(backend_json)
+        pre = config.get("pre_tokenizer") or {}
+        parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+        byte_level = [part for part in parts if part.get("type") == "ByteLevel"]
+        if (
+            config.get("normalizer") is not None
+            or (config.get("model") or {}).get("type") != "BPE"
+            or (config.get("decoder") or {}).get("type") != "ByteLevel"
+            or not byte_level
+            or any(part.get("add_prefix_space") for part in byte_level)
+        ):
+            return None
+        added = config.get("added_tokens") or []
+        vocab = backend.get_vocab(with_added_tokens=False)
+        size = 1 + max([*vocab.values(), *(token["id"] for token in added)])
+        token_bytes = np.zeros(size, dtype=np.int64)
+        token_bytes[list(vocab.values())] = [len(token) for token in vocab]
+        for token in added:
+            token_bytes[token["id"]] = len(token["content"].encode("utf-8"))
+        plain = backend.encode("a", add_special_tokens=False).ids
+        full = backend.encode("a", add_special_tokens=True).ids
+        at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), None)
+        if at is None:
+            return None
+        return cls(token_bytes, tuple(full[:at]), tuple(full[at + len(plain) :]))
 
 
 def load_tokenizer(path: str | Path | None = None) -> TokenizerSpec:
