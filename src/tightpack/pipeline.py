@@ -190,8 +190,8 @@ def pack_dataset(
         config: the run's settings.
         tokenizer: a tokenizer path, a loaded `TokenizerSpec`, or None for the built-in GPT-2.
 
-    With ``config.workers > 1`` the worker processes start from a fork server, so a script calling this
-    needs the usual ``if __name__ == "__main__":`` guard.
+    With ``config.workers > 1`` outside Linux, worker processes are spawned, so a script calling this
+    needs the usual ``if __name__ == "__main__":`` guard there.
 
     Example::
 
@@ -212,6 +212,9 @@ def pack_dataset(
     try:
         estimates = [source.estimated_rows for source in sources]
         with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
+            for source in sources:
+                if source.warm is not None:
+                    source.warm()
             report = tokenize_to_store(
                 _chunks(sources),
                 spec,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,14 @@ class Chunk:
 
 @dataclass
 class Source:
-    """One input: its name, its identity for fingerprints, an estimate of its rows, and a chunk reader."""
+    """One input: its name, its identity for fingerprints, an estimate of its rows, a chunk reader,
+    and optionally ``warm``: loads what chunks refer to into this process before workers fork."""
 
     name: str
     identity: dict[str, Any]
     estimated_rows: int | None
     read: Any = field(repr=False)  # (first_sample, chunk_rows) -> Iterator[Chunk]
+    warm: Callable[[], Any] | None = field(default=None, repr=False)
 
 
 def _jsonl_source(path: Path) -> Source:
@@ -165,7 +167,8 @@ def default_corpus() -> Source:
     Each conversation is a list of turns, each turn a list of utterances by one sender. A turn
     becomes one message (utterances joined by newlines); the sender of the first turn is the
     ``user``, the other one the ``assistant``. Chunks are slices of the file (`CorpusSlice`): the
-    file is parsed where the chunk is tokenized, once per process, so K workers parse in parallel.
+    file is parsed once per process (``warm``, before tokenization workers fork and inherit it), and
+    only the slice bounds travel to the workers.
     """
     spec = importlib.util.find_spec("chitchat_dataset")
     if spec is None or not spec.submodule_search_locations:
@@ -181,7 +184,8 @@ def default_corpus() -> Source:
             rows = CorpusSlice(str(path), start, min(start + chunk_rows, conversations), conversations)
             yield Chunk(first_sample + start, DEFAULT_CORPUS_NAME, rows=rows, first_position=start)
 
-    return Source(DEFAULT_CORPUS_NAME, {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}, conversations, read)
+    identity = {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}
+    return Source(DEFAULT_CORPUS_NAME, identity, conversations, read, warm=lambda: _parsed_corpus(str(path)))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -322,8 +323,9 @@ def tokenize_to_store(
         for result in _tokenize_in_process(chunks):
             consume(result)
     else:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["tightpack.prepare.tokenize"])
+        # Fork on Linux: workers start at once and inherit the loaded tokenizer and warmed sources
+        # (as PyTorch's DataLoader workers do); elsewhere spawn, the safe default there.
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
         with context.Pool(workers, initializer=_init_worker, initargs=(spec, config, True)) as pool:
             pending: deque = deque()
             for chunk in chunks:
