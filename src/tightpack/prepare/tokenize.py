@@ -304,6 +304,7 @@ def tokenize_to_store(
     """
     if workers < 1:
         raise TightpackError(f"--workers must be at least 1, got {workers}")
+    spec.byte_level  # noqa: B018 - computed here once, inherited by forked workers
     writer = TokenStoreWriter(store_dir)
     rows_read, bad_rows = 0, []
 
