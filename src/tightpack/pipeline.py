@@ -212,9 +212,6 @@ def pack_dataset(
     try:
         estimates = [source.estimated_rows for source in sources]
         with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
-            for source in sources:
-                if source.warm is not None:
-                    source.warm()
             report = tokenize_to_store(
                 _chunks(sources),
                 spec,

@@ -10,10 +10,10 @@ are not samples and are skipped; a UTF-8 byte order mark at the start of a file 
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
-from collections.abc import Callable, Iterable, Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ class Chunk:
         source: display name of the source (a path, or a dataset's name).
         first_position: 1-based line number (JSONL) or 0-based row number (other sources) of the first row.
         lines: raw JSONL lines (bytes), with ``positions`` their line numbers; or None.
-        rows: parsed rows, or a `CorpusSlice` loaded in the worker; or None.
+        rows: parsed rows; or None.
         batch: a pyarrow RecordBatch of Parquet rows (converted in the worker); or None.
     """
 
@@ -45,7 +45,7 @@ class Chunk:
     source: str
     lines: list[bytes] | None = None
     positions: list[int] | None = None
-    rows: list[Any] | CorpusSlice | None = None
+    rows: list[Any] | None = None
     batch: Any = None
     first_position: int = 0
 
@@ -56,9 +56,7 @@ class Chunk:
 
     def parsed_rows(self) -> list[Any]:
         """The rows of a ``rows`` or ``batch`` chunk, as Python objects."""
-        if self.batch is not None:
-            return self.batch.to_pylist()
-        return self.rows.load() if isinstance(self.rows, CorpusSlice) else self.rows
+        return self.batch.to_pylist() if self.batch is not None else self.rows
 
     def location(self, offset: int) -> str:
         """Human-readable location of the row at ``offset`` within this chunk."""
@@ -69,14 +67,12 @@ class Chunk:
 
 @dataclass
 class Source:
-    """One input: its name, its identity for fingerprints, an estimate of its rows, a chunk reader,
-    and optionally ``warm``: loads what chunks refer to into this process before workers fork."""
+    """One input: its name, its identity for fingerprints, an estimate of its rows, and a chunk reader."""
 
     name: str
     identity: dict[str, Any]
     estimated_rows: int | None
     read: Any = field(repr=False)  # (first_sample, chunk_rows) -> Iterator[Chunk]
-    warm: Callable[[], Any] | None = field(default=None, repr=False)
 
 
 def _jsonl_source(path: Path) -> Source:
@@ -166,9 +162,8 @@ def default_corpus() -> Source:
 
     Each conversation is a list of turns, each turn a list of utterances by one sender. A turn
     becomes one message (utterances joined by newlines); the sender of the first turn is the
-    ``user``, the other one the ``assistant``. Chunks are slices of the file (`CorpusSlice`): the
-    file is parsed once per process (``warm``, before tokenization workers fork and inherit it), and
-    only the slice bounds travel to the workers.
+    ``user``, the other one the ``assistant``. The file is decoded one conversation at a time, so
+    the first chunk is ready at once and the rest of the decoding overlaps tokenization.
     """
     spec = importlib.util.find_spec("chitchat_dataset")
     if spec is None or not spec.submodule_search_locations:
@@ -179,39 +174,37 @@ def default_corpus() -> Source:
     # One '"messages":' key per conversation (inside strings the quotes would be escaped).
     sha256, conversations = sha256_and_count(path, marker=b'"messages":')
 
-    def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
-        for start in range(0, conversations, chunk_rows):
-            rows = CorpusSlice(str(path), start, min(start + chunk_rows, conversations), conversations)
-            yield Chunk(first_sample + start, DEFAULT_CORPUS_NAME, rows=rows, first_position=start)
+    def rows() -> Iterator[dict]:
+        for conversation in _object_values(path.read_text(encoding="utf-8")):
+            yield chitchat_messages(conversation)
 
     identity = {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}
-    return Source(DEFAULT_CORPUS_NAME, identity, conversations, read, warm=lambda: _parsed_corpus(str(path)))
+    return _rows_source(rows(), DEFAULT_CORPUS_NAME, identity, conversations)
 
 
-@dataclass(frozen=True)
-class CorpusSlice:
-    """Conversations ``[start, stop)`` of the default corpus file, loaded where they are used."""
-
-    path: str
-    start: int
-    stop: int
-    total: int
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def load(self) -> list[dict]:
-        conversations = _parsed_corpus(self.path)
-        if len(conversations) != self.total:
-            raise TightpackError(
-                f"{self.path}: expected {self.total} conversations, found {len(conversations)}"
-            )
-        return [chitchat_messages(conversation) for conversation in conversations[self.start : self.stop]]
+_SEPARATOR = re.compile(r"[\s,]*")
+_COLON = re.compile(r"\s*:\s*")
 
 
-@functools.lru_cache(maxsize=1)
-def _parsed_corpus(path: str) -> list[dict]:
-    return list(json.loads(Path(path).read_text(encoding="utf-8")).values())
+def _object_values(text: str) -> Iterator[Any]:
+    """The values of a top-level JSON object, decoded one at a time.
+
+    >>> list(_object_values('{"a": [1, 2], "b" : {"c": 3}}'))
+    [[1, 2], {'c': 3}]
+    """
+    decoder = json.JSONDecoder()
+    position = _SEPARATOR.match(text).end()
+    if text[position : position + 1] != "{":
+        raise TightpackError("the default corpus file is not a JSON object")
+    position += 1
+    while True:
+        position = _SEPARATOR.match(text, position).end()
+        if text[position : position + 1] == "}":
+            return
+        _, position = decoder.raw_decode(text, position)
+        position = _COLON.match(text, position).end()
+        value, position = decoder.raw_decode(text, position)
+        yield value
 
 
 def chitchat_messages(conversation: dict) -> dict:

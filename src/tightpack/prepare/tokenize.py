@@ -324,7 +324,7 @@ def tokenize_to_store(
         for result in _tokenize_in_process(chunks):
             consume(result)
     else:
-        # Fork on Linux: workers start at once and inherit the loaded tokenizer and warmed sources
+        # Fork on Linux: workers start at once and inherit the loaded tokenizer
         # (as PyTorch's DataLoader workers do); elsewhere spawn, the safe default there.
         context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
         with context.Pool(workers, initializer=_init_worker, initargs=(spec, config, True)) as pool:
