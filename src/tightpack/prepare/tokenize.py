@@ -6,8 +6,10 @@ chunk order. Chunks have a fixed number of rows whatever K is, so the store is b
 any number of workers. At most ``2 * K`` chunks are in flight, so memory does not grow with the input.
 
 The loss mask is computed from character spans: a token is supervised when its characters overlap
-a supervised span. Only the span ends are looked up (``Encoding.char_to_token``), never per-token
-offsets, so the cost is per span, not per token.
+a supervised span. For byte-level BPE tokenizers the token offsets follow from token byte lengths
+(`tightpack.prepare.tokenizer.ByteLevelLayout`), so the tokenizer tracks none and the overlap test is
+vectorized over the chunk; otherwise only the span ends are looked up (``Encoding.char_to_token``),
+so the cost is per span, never per token in Python.
 """
 
 from __future__ import annotations
