@@ -208,7 +208,7 @@ def _print_summary(result) -> None:
         table.add_row(name, value)
     stdout.print(table)
     for bad in result.bad_rows[:5]:
-        stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False)
+        stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False, soft_wrap=True)
     if len(result.bad_rows) > 5:
         stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")
 
