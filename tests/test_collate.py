@@ -136,3 +136,32 @@ def test_pipeline_output_collates_to_the_manifest_counts(tmp_path, chat_rows, mu
         0 if multiple > 1 else int(batch["padding_mask"].sum())
     )
     assert batch["cu_seqlens_q"].shape[1] == metadata.max_samples_per_bin + 2
+
+
+def test_legacy_keys():
+    rows = [row([10, 11, 12, 2, 2, 20, 21, 2, 2, 2], [0, 5]), row([30, 31, 2, 2, 2], [0])]
+    collate = PackedCollate(
+        pack_size=8, eos_id=2, pad_seq_length_to_mult=1, pad_seq_to_mult=4, legacy_keys=True
+    )
+    batch = collate(rows)
+    assert batch["cu_seqlens"].tolist() == [[0, 4, 8, -1], [0, 4, 8, -1]]
+    assert batch["cu_seqlens_argmin"].tolist() == [[3], [3]]
+    assert batch["cu_seqlens_unpadded"].tolist() == [[0, 3, 5, -1], [0, 2, 2, -1]]
+    assert batch["cu_seqlens_unpadded_argmin"].tolist() == [[3], [3]]
+    assert batch["max_seqlen"].tolist() == [[4], [4]]
+    assert not any(key.startswith("cu_seqlens_q") or key.startswith("max_seqlen_") for key in batch)
+    assert (
+        batch["tokens"].tolist()
+        == PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1, pad_seq_to_mult=4)(rows)[
+            "tokens"
+        ].tolist()
+    )
+
+
+def test_legacy_keys_without_alignment_have_no_unpadded_boundaries():
+    batch = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1, legacy_keys=True)(
+        [row([1, 3, 4, 2, 5, 6, 7, 2], [0, 4])]
+    )
+    assert batch["cu_seqlens"].tolist() == [[0, 3, 6, -1]]
+    assert batch["cu_seqlens_argmin"].tolist() == [[3]]
+    assert "cu_seqlens_unpadded" not in batch

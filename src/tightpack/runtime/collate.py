@@ -78,6 +78,9 @@ class PackedCollate:
         answer_only_loss: loss from the stored mask; else on every input token that is not EOS.
         metadata: needed for ``pad_cu_seqlens`` (static shapes, CUDA graphs).
         pad_cu_seqlens: every boundary array gets ``max_samples_per_bin + 2`` entries.
+        legacy_keys: the boundary keys of packs made before Megatron-Bridge #5344 (``cu_seqlens``
+            right-padded with -1, ``cu_seqlens_argmin``, ``max_seqlen``, and ``cu_seqlens_unpadded``
+            with its argmin when aligned) instead of ``cu_seqlens_q/kv[_padded]`` and ``max_seqlen_q/kv``.
 
     >>> collate = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1)
     >>> rows = [{"input_ids": [1, 3, 4, 2, 5, 6, 7, 2], "loss_mask": [0] * 8, "seq_start_id": [0, 4]},
@@ -95,6 +98,7 @@ class PackedCollate:
     answer_only_loss: bool = True
     pad_cu_seqlens: bool = False
     metadata: PackingMetadata | None = None
+    legacy_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.pad_cu_seqlens and self.metadata is None:
@@ -159,7 +163,11 @@ class PackedCollate:
         if self.pad_cu_seqlens:
             slots = self.metadata.max_samples_per_bin + 2
             physical = [_extend(b, max(slots, len(b)), fill=width) for b in physical]
-            logical = [_extend(b, max(slots, len(b))) for b in logical]
+            logical_static = [_extend(b, max(slots, len(b))) for b in logical]
+        if self.legacy_keys:
+            return {**batch, **_legacy_boundaries(physical, logical, aligned)}
+        if self.pad_cu_seqlens:
+            logical = logical_static
         count = max(len(b) for b in physical + logical)
         cu = torch.from_numpy(np.stack([_extend(b, count) for b in physical]).astype(np.int32))
         if self.pad_cu_seqlens:
@@ -205,6 +213,27 @@ class PackedCollate:
             inputs=inputs, labels=ids[is_label], loss_mask=loss_mask, positions=positions,
             physical=physical, logical=logical,
         )  # fmt: skip
+
+
+def _legacy_boundaries(physical: list[np.ndarray], logical: list[np.ndarray], aligned: bool) -> dict:
+    """The legacy keys: boundaries right-padded with -1 (at least one -1 column) and the index of the
+    first -1 per row, so that consumers can trim without a device sync."""
+
+    def padded(bounds: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        columns = max(len(b) for b in bounds) + 1
+        table = np.stack([_extend(b, columns, fill=-1) for b in bounds]).astype(np.int32)
+        argmin = np.array([[len(b)] for b in bounds], dtype=np.int64)
+        return torch.from_numpy(table), torch.from_numpy(argmin)
+
+    cu_seqlens, argmin = padded(physical)
+    keys = {
+        "cu_seqlens": cu_seqlens,
+        "cu_seqlens_argmin": argmin,
+        "max_seqlen": torch.tensor([[int(np.diff(b).max())] for b in physical], dtype=torch.int32),
+    }
+    if aligned:
+        keys["cu_seqlens_unpadded"], keys["cu_seqlens_unpadded_argmin"] = padded(logical)
+    return keys
 
 
 def _strip_trailing(inputs: np.ndarray, bounds: np.ndarray, eos_id: int) -> np.ndarray:
