@@ -1,0 +1,112 @@
+"""Parity: a packed step computes what the unpacked steps compute (tiny Llama, random weights).
+
+Batches come from the real offline pipeline on a slice of the demo corpus, through the collate and
+the transformers adapter. Per-token losses and gradients of the summed supervised loss must agree
+within 1e-5, with eager and sdpa attention, without and with alignment, and at fixed width.
+"""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tightpack.errors import TightpackError
+from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.prepare.sources import default_corpus
+from tightpack.runtime.collate import PackedCollate
+from tightpack.runtime.hf import packed_forward
+
+from .conftest import write_jsonl
+
+PACK_SIZE = 256
+EOS = 50256
+
+
+@pytest.fixture(scope="module")
+def demo_slice(tmp_path_factory) -> list[dict]:
+    rows = next(default_corpus().read(0, 60)).parsed_rows()
+    folder = tmp_path_factory.mktemp("parity")
+    return write_jsonl(folder / "slice.jsonl", rows)
+
+
+def packed_rows(source, tmp_path, multiple: int) -> list[dict]:
+    config = PackConfig(packed_sequence_size=PACK_SIZE, pad_seq_to_mult=multiple, workers=1)
+    pack_dataset([source], tmp_path / "out", config)
+    return pq.read_table(next((tmp_path / "out").glob("*.parquet"))).to_pylist()
+
+
+def tiny_llama(attention: str) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=50257, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=PACK_SIZE, attn_implementation=attention,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+
+
+def unpacked_losses(model, row: dict) -> list[torch.Tensor]:
+    """Per-token loss and mask of every sequence of a stored row, each run on its own."""
+    ids = torch.tensor(row["input_ids"])
+    results = []
+    for start, runtime in zip(row["seq_start_id"], row["seq_len"], strict=True):
+        real = start + runtime + 1  # end of the sequence's real stored tokens (alignment padding excluded)
+        inputs, labels = ids[start : real - 1], ids[start + 1 : real]
+        mask = torch.tensor(row["loss_mask"][start : real - 1], dtype=torch.float32)
+        logits = model(input_ids=inputs[None], use_cache=False).logits[0]
+        results.append((token_losses(logits, labels), mask))
+    return results
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize(("multiple", "fixed_width"), [(1, False), (4, False), (4, True)])
+def test_packed_loss_and_gradients_equal_unpacked(demo_slice, tmp_path, attention, multiple, fixed_width):
+    rows = packed_rows(demo_slice, tmp_path, multiple)
+    collate = PackedCollate(
+        pack_size=PACK_SIZE, eos_id=EOS, pad_seq_to_mult=multiple, pad_to_max_length=fixed_width
+    )
+    model = tiny_llama(attention)
+    checked = 0
+    rows = sorted(rows, key=lambda row: -len(row["seq_start_id"]))[:3]  # the most sequences per pack
+    assert min(len(row["seq_start_id"]) for row in rows) >= 3
+    for row in rows:
+        batch = collate([row])
+        model.zero_grad()
+        logits = packed_forward(model, batch).logits[0]
+        packed = token_losses(logits, batch["labels"][0])
+        mask = batch["loss_mask"][0].float()
+        (packed * mask).sum().backward()
+        packed_grads = [p.grad.clone() for p in model.parameters()]
+
+        model.zero_grad()
+        pieces = unpacked_losses(model, row)
+        sum(float_loss.mul(piece_mask).sum() for float_loss, piece_mask in pieces).backward()
+        # Real tokens of each physical segment, in order, are where the unpacked sequences sit.
+        physical = (batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"]))[0].tolist()
+        for (losses, piece_mask), start in zip(pieces, physical[:-1], strict=False):
+            n = len(losses)
+            assert torch.equal(mask[start : start + n], piece_mask)
+            torch.testing.assert_close(packed[start : start + n], losses, atol=1e-5, rtol=0)
+            checked += n
+        for packed_grad, parameter in zip(packed_grads, model.parameters(), strict=True):
+            torch.testing.assert_close(packed_grad, parameter.grad, atol=1e-5, rtol=0)
+        unpacked_mean = sum(loss.mul(m).sum() for loss, m in pieces) / sum(m.sum() for _, m in pieces)
+        torch.testing.assert_close((packed * mask).sum() / mask.sum(), unpacked_mean, atol=1e-6, rtol=0)
+    assert checked > 500
+
+
+def test_unsafe_calls_are_refused(demo_slice, tmp_path):
+    rows = packed_rows(demo_slice, tmp_path, 1)
+    batch = PackedCollate(pack_size=PACK_SIZE, eos_id=EOS)([rows[0]])
+    model = tiny_llama("sdpa")
+    with pytest.raises(TightpackError, match="use_cache=True on a packed row"):
+        packed_forward(model, batch, use_cache=True)
+    with pytest.raises(TightpackError, match="2-D attention_mask"):
+        packed_forward(model, batch, attention_mask=torch.ones_like(batch["tokens"]))
+    with pytest.raises(TightpackError, match=r"one packed row \(\[1, T\] tokens\)"):
+        packed_forward(model, PackedCollate(pack_size=PACK_SIZE, eos_id=EOS)(rows[:2]))
