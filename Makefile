@@ -39,6 +39,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_planner.py
 	$(PY) benchmarks/bench_pipeline.py
 	$(PY) benchmarks/bench_memory.py
+	$(PY) benchmarks/bench_runtime.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/tightpack/core/*.so packed-demo

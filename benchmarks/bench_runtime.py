@@ -1,0 +1,150 @@
+"""Runtime: shuffled random access to packs, and the cost of collating against a forward pass.
+
+1. A packed dataset of ``--packs`` packs of 4,096 tokens is written by ``tightpack pack`` (pre-tokenized
+   random ids, demo-distribution lengths). Shuffled accesses are timed, as delivered tokens per second
+   from one process, for:
+   - the reference's pattern: find the pack's row group, decode the whole row group, take the row
+     (``read_row_group`` + ``to_pylist``), no cache (a shuffled sampler misses it anyway);
+   - `PackedDataset` (memory-mapped index); the one-off index build is timed separately.
+2. `PackedCollate` on one pack against a forward pass of a tiny Llama (the parity test's model) on
+   the collated batch.
+
+    .venv/bin/python benchmarks/bench_runtime.py [--packs 20000] [--accesses 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from bisect import bisect_right
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from demo_lengths import demo_runtime_lengths
+from tightpack.runtime.collate import PackedCollate
+from tightpack.runtime.dataset import PackedDataset
+
+PACK_SIZE = 4096
+
+
+def write_packs(folder: Path, packs: int, seed: int) -> Path:
+    """Pre-tokenized samples for about ``packs`` full packs, packed by the CLI."""
+    rng = np.random.default_rng(seed)
+    source = np.minimum(demo_runtime_lengths() + 1, PACK_SIZE)
+    tokens_needed = packs * PACK_SIZE
+    lengths = rng.choice(source, size=int(tokens_needed / source.mean() * 1.02) + 1)
+    values = rng.integers(0, 50256, size=int(lengths.sum()), dtype=np.int32)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    corpus = folder / "corpus.parquet"
+    pq.write_table(pa.table({"input_ids": column}), corpus, row_group_size=8192)
+    out = folder / "packed"
+    command = [str(Path(sys.executable).with_name("tightpack")), "pack", str(corpus), "--format", "tokens"]
+    subprocess.run(
+        [*command, "--pack-size", str(PACK_SIZE), "-o", str(out)], check=True, stdout=subprocess.DEVNULL
+    )
+    return out
+
+
+class RowGroupReader:
+    """The reference's access pattern: decode the row group holding the pack, on every access."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = [pq.ParquetFile(f) for f in files]
+        self.starts = []  # (global first row of each row group) -> (file, group, first row)
+        self.groups = []
+        first = 0
+        for f in self.files:
+            for g in range(f.num_row_groups):
+                self.starts.append(first)
+                self.groups.append((f, g))
+                first += f.metadata.row_group(g).num_rows
+        self.rows = first
+
+    def __getitem__(self, index: int) -> dict:
+        group = bisect_right(self.starts, index) - 1
+        parquet, number = self.groups[group]
+        table = parquet.read_row_group(number, columns=["input_ids", "loss_mask", "seq_start_id"])
+        return table.slice(index - self.starts[group], 1).to_pylist()[0]
+
+
+def tokens_per_second(read, order) -> float:
+    start = time.perf_counter()
+    tokens = sum(len(read(int(i))["input_ids"]) for i in order)
+    return tokens / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packs", type=int, default=20_000)
+    parser.add_argument("--accesses", type=int, default=300, help="shuffled accesses timed for the reference")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(dir=".") as scratch:
+        scratch = Path(scratch)
+        out = write_packs(scratch, args.packs, args.seed)
+        files = sorted(out.glob("*.parquet"))
+        reference = RowGroupReader(files)
+        group_rows = pq.ParquetFile(files[0]).metadata.row_group(0).num_rows
+        order = np.random.default_rng(args.seed).permutation(reference.rows)
+        start = time.perf_counter()
+        dataset = PackedDataset(out, cache_dir=scratch / "cache")
+        dataset[0]  # builds the index
+        build = time.perf_counter() - start
+        reference_rate = tokens_per_second(reference.__getitem__, order[: args.accesses])
+        ours_rate = tokens_per_second(dataset.__getitem__, order)
+        print(f"packed dataset: {reference.rows:,} packs of {PACK_SIZE}, row groups of {group_rows} packs")
+        print(f"reference (decode the row group per access): {reference_rate / 1e6:8.2f} M tokens/s")
+        print(f"PackedDataset (memory-mapped index):         {ours_rate / 1e6:8.2f} M tokens/s")
+        print(f"ratio {ours_rate / reference_rate:.1f}x; index built once in {build:.2f} s")
+
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=50257, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=PACK_SIZE,
+            attn_implementation="sdpa",
+        )  # fmt: skip
+        model = LlamaForCausalLM(config).eval()
+        collate = PackedCollate(pack_size=PACK_SIZE, eos_id=50256, pad_to_max_length=True)
+        rows = [dataset[int(i)] for i in order[:20]]
+        start = time.perf_counter()
+        batches = [collate([row]) for row in rows]
+        collate_s = (time.perf_counter() - start) / len(rows)
+        with torch.no_grad():
+            model(input_ids=batches[0]["tokens"], position_ids=batches[0]["position_ids"], use_cache=False)
+            start = time.perf_counter()
+            for batch in batches[:5]:
+                model(input_ids=batch["tokens"], position_ids=batch["position_ids"], use_cache=False)
+            forward_s = (time.perf_counter() - start) / 5
+        print(f"collate one pack: {collate_s * 1e3:.2f} ms; tiny Llama forward: {forward_s * 1e3:.1f} ms")
+        print(f"collate / forward = {collate_s / forward_s:.2%}")
+    checks = [
+        ("PackedDataset >= 20x the row-group reader", ours_rate >= 20 * reference_rate),
+        ("collate <= 10% of a forward pass", collate_s <= 0.1 * forward_s),
+    ]
+    for name, ok in checks:
+        print(f"[{'PASS' if ok else 'FAIL'}] {name}")
+    if args.json:
+        result = {
+            "reference_tokens_per_s": reference_rate,
+            "ours_tokens_per_s": ours_rate,
+            "index_build_s": build,
+            "collate_s": collate_s,
+            "forward_s": forward_s,
+        }
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
