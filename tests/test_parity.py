@@ -110,3 +110,29 @@ def test_unsafe_calls_are_refused(demo_slice, tmp_path):
         packed_forward(model, batch, attention_mask=torch.ones_like(batch["tokens"]))
     with pytest.raises(TightpackError, match=r"one packed row \(\[1, T\] tokens\)"):
         packed_forward(model, PackedCollate(pack_size=PACK_SIZE, eos_id=EOS)(rows[:2]))
+
+
+def test_padding_rows_add_nothing_to_the_loss_or_its_denominator(demo_slice, tmp_path):
+    from tightpack.runtime.dataset import PackedDataset
+
+    packed_rows(demo_slice, tmp_path, 1)
+    dataset = PackedDataset(tmp_path / "out", cache_dir=tmp_path / "cache")
+    collate = PackedCollate(pack_size=PACK_SIZE, eos_id=EOS)
+    model = tiny_llama("sdpa")
+
+    def totals(indices):
+        loss, count = torch.zeros(()), torch.zeros(())
+        with torch.no_grad():
+            for index in indices:  # one micro-batch per pack, as with offline packing
+                batch = collate([dataset[index]])
+                mask = batch["loss_mask"][0].float()
+                loss += (
+                    token_losses(packed_forward(model, batch).logits[0], batch["labels"][0]) * mask
+                ).sum()
+                count += mask.sum()
+        return loss, count
+
+    real_loss, real_count = totals([0, 1])
+    padded_loss, padded_count = totals([0, 1, -1, -2])  # the sampler's -1 padding of a last global batch
+    assert real_count > 0 and padded_count == real_count
+    torch.testing.assert_close(padded_loss, real_loss, atol=0, rtol=0)

@@ -1,0 +1,157 @@
+"""Batch samplers for data-parallel training, mirroring Megatron-Bridge's dataloader types (contract 3.7).
+
+`PackedBatchSampler` yields, for one data-parallel rank, the dataset indices of each step:
+
+- ``single``: sequential; ``micro_batch_size`` indices per rank per step (rank ``d`` takes the d-th
+  slice of each ``MBS * DP`` block); the last partial block is dropped, or with ``drop_last=False``
+  yielded when DP == 1 (with DP > 1 an uneven tail is an error). Not cycled.
+- ``cyclic``: shuffled per epoch from ``(seed, epoch)``; with ``data_sharding`` each rank draws from its
+  own contiguous bucket, else ranks interleave over one permutation; the incomplete tail is dropped.
+- ``batch``: all ``global_batch_size / DP`` indices of the rank for one global batch (split into
+  micro-batches afterwards); shuffled per epoch; within a global batch rank ``d`` takes positions
+  ``d, d + DP, ...``; the last global batch is dropped, or with ``drop_last=False`` padded with ``-1``
+  (a padding row: `tightpack.runtime.dataset.PackedDataset` gives it a zero loss mask).
+
+Every sampler resumes from ``consumed_samples`` (samples consumed by all ranks together) and advances
+it as it yields, so iterating again continues where the last iteration stopped (the next epoch).
+Randomness comes only from ``np.random.default_rng((seed, epoch))``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+
+from tightpack.errors import TightpackError
+
+__all__ = ["PackedBatchSampler"]
+
+DataloaderType = Literal["single", "cyclic", "batch"]
+
+
+class PackedBatchSampler:
+    """Indices for one data-parallel rank, step by step (use as a DataLoader ``batch_sampler``).
+
+    >>> sampler = PackedBatchSampler(10, dataloader_type="single", micro_batch_size=2,
+    ...                              data_parallel_rank=1, data_parallel_size=2)
+    >>> list(sampler)
+    [[2, 3], [6, 7]]
+    """
+
+    def __init__(
+        self,
+        total_samples: int,
+        *,
+        dataloader_type: DataloaderType,
+        micro_batch_size: int,
+        global_batch_size: int | None = None,
+        data_parallel_rank: int = 0,
+        data_parallel_size: int = 1,
+        consumed_samples: int = 0,
+        seed: int = 0,
+        drop_last: bool = True,
+        data_sharding: bool = True,
+    ) -> None:
+        if dataloader_type not in ("single", "cyclic", "batch"):
+            raise TightpackError(f"dataloader_type must be single, cyclic or batch, got {dataloader_type!r}")
+        if total_samples < 1 or micro_batch_size < 1 or data_parallel_size < 1:
+            raise TightpackError(
+                f"total_samples ({total_samples}), micro_batch_size ({micro_batch_size}) and "
+                f"data_parallel_size ({data_parallel_size}) must be positive"
+            )
+        if not 0 <= data_parallel_rank < data_parallel_size:
+            raise TightpackError(
+                f"data_parallel_rank {data_parallel_rank} is outside [0, {data_parallel_size})"
+            )
+        if consumed_samples < 0:
+            raise TightpackError(f"consumed_samples must be >= 0, got {consumed_samples}")
+        step = micro_batch_size * data_parallel_size
+        if dataloader_type == "batch":
+            if global_batch_size is None:
+                raise TightpackError("dataloader_type='batch' needs global_batch_size")
+            if global_batch_size % step:
+                raise TightpackError(
+                    f"`global_batch_size` ({global_batch_size}) is not divisible by `micro_batch_size "
+                    f"({micro_batch_size}) x data_parallel_size ({data_parallel_size})`"
+                )
+            step = global_batch_size
+        elif (
+            dataloader_type == "single" and not drop_last and data_parallel_size > 1 and total_samples % step
+        ):
+            raise TightpackError(
+                f"dataloader_type='single' with drop_last=False cannot split the last {total_samples % step} "
+                f"samples over {data_parallel_size} data-parallel ranks; use drop_last=True or 'batch'"
+            )
+        if drop_last and total_samples < step:
+            raise TightpackError(
+                f"Not enough samples for a single global step: {total_samples} < {step}; lower the batch size"
+            )
+        self.total_samples = total_samples
+        self.dataloader_type = dataloader_type
+        self.micro_batch_size = micro_batch_size
+        self.rank, self.ranks = data_parallel_rank, data_parallel_size
+        self.step = step  # samples consumed by all ranks per yield
+        self.consumed_samples = consumed_samples
+        self.seed = seed
+        self.drop_last = drop_last
+        self.data_sharding = data_sharding
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples consumed by all ranks in one epoch (padding included for ``batch``)."""
+        if self.dataloader_type == "batch" and not self.drop_last:
+            return math.ceil(self.total_samples / self.step) * self.step
+        if self.dataloader_type == "single" and not self.drop_last:
+            return self.total_samples
+        return self.total_samples // self.step * self.step
+
+    def __len__(self) -> int:
+        """Steps left in the current epoch (``single`` has one epoch only)."""
+        if self.dataloader_type == "single" and self.consumed_samples >= self.samples_per_epoch:
+            return 0
+        return math.ceil(
+            (self.samples_per_epoch - self.consumed_samples % self.samples_per_epoch) / self.step
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, offset = divmod(self.consumed_samples, self.samples_per_epoch)
+        if self.dataloader_type == "single":
+            if epoch:
+                return
+            steps = self._single(offset)
+        elif self.dataloader_type == "cyclic":
+            steps = self._cyclic(epoch, offset)
+        else:
+            steps = self._batch(epoch, offset)
+        for indices in steps:
+            self.consumed_samples += self.step
+            yield indices
+
+    def _permutation(self, size: int, epoch: int) -> np.ndarray:
+        return np.random.default_rng((self.seed, epoch)).permutation(size)
+
+    def _single(self, offset: int) -> Iterator[list[int]]:
+        mine = slice(self.rank * self.micro_batch_size, (self.rank + 1) * self.micro_batch_size)
+        for first in range(offset, self.samples_per_epoch, self.step):
+            block = list(range(first, min(first + self.step, self.total_samples)))
+            yield block[mine] if len(block) == self.step else block  # a partial tail only when DP == 1
+
+    def _cyclic(self, epoch: int, offset: int) -> Iterator[list[int]]:
+        if self.data_sharding:  # each rank shuffles its own contiguous bucket
+            bucket = self.total_samples // self.step * self.micro_batch_size
+            order = self.rank * bucket + self._permutation(bucket, epoch)[offset // self.ranks :]
+        else:  # one permutation, ranks interleaved
+            order = self._permutation(self.total_samples, epoch)[offset : self.samples_per_epoch]
+            order = order[self.rank :: self.ranks]
+        for first in range(0, len(order) - self.micro_batch_size + 1, self.micro_batch_size):
+            yield order[first : first + self.micro_batch_size].tolist()
+
+    def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
+        order = self._permutation(self.total_samples, epoch)
+        padded = np.full(self.samples_per_epoch, -1, dtype=np.int64)
+        padded[: min(len(order), self.samples_per_epoch)] = order[: self.samples_per_epoch]
+        for first in range(offset, self.samples_per_epoch, self.step):
+            yield padded[first : first + self.step][self.rank :: self.ranks].tolist()
