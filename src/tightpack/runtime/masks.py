@@ -1,0 +1,96 @@
+"""Attention masks for one packed row, for backends without variable-length kernels.
+
+Every mask is block-diagonal causal over the row's physical segments (``cu_seqlens_q_padded`` when
+present, else ``cu_seqlens_q``): a token attends to the earlier tokens of its own segment only.
+Alignment padding stays inside its segment, after the real tokens, so it never changes them.
+
+- `sdpa_mask`: boolean ``[1, 1, T, T]``, True where attention is allowed (``torch.nn.functional
+  .scaled_dot_product_attention`` and transformers' sdpa path).
+- `additive_mask`: float ``[1, 1, T, T]``, 0 where allowed and the dtype's minimum elsewhere (eager
+  attention adds it to the scores; a boolean mask there would be wrong).
+- `flex_block_mask`: a FlexAttention ``BlockMask`` built from the document ids, never as a dense matrix.
+- `flash_varlen_attention`: ``flash_attn_varlen_func`` with the row's boundaries (CUDA, optional).
+
+Dense masks cost T*T memory; use them for short rows or tests, and varlen kernels or Flex otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from tightpack.errors import TightpackError
+
+__all__ = ["additive_mask", "document_ids", "flash_varlen_attention", "flex_block_mask", "sdpa_mask"]
+
+
+def _physical_boundaries(batch: Mapping[str, Any]) -> torch.Tensor:
+    bounds = batch.get("cu_seqlens_q_padded")
+    bounds = batch["cu_seqlens_q"] if bounds is None else bounds
+    bounds = bounds.squeeze()
+    if bounds.dim() != 1:
+        raise TightpackError(
+            f"masks are built for one packed row; got boundaries of shape {tuple(bounds.shape)}"
+        )
+    return bounds.long()
+
+
+def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
+    """Segment index of every token of the row, int64 ``[T]``.
+
+    >>> document_ids({"cu_seqlens_q": torch.tensor([[0, 2, 5]])}).tolist()
+    [0, 0, 1, 1, 1]
+    """
+    bounds = _physical_boundaries(batch)
+    return torch.repeat_interleave(torch.arange(len(bounds) - 1, device=bounds.device), bounds.diff())
+
+
+def sdpa_mask(batch: Mapping[str, Any]) -> torch.Tensor:
+    """Boolean block-diagonal causal mask ``[1, 1, T, T]``, True = may attend.
+
+    >>> sdpa_mask({"cu_seqlens_q": torch.tensor([[0, 2, 3]])})[0, 0].int().tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    documents = document_ids(batch)
+    same = documents[:, None] == documents[None, :]
+    return torch.tril(same)[None, None]
+
+
+def additive_mask(batch: Mapping[str, Any], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Float block-diagonal causal mask ``[1, 1, T, T]``: 0 where allowed, ``finfo(dtype).min`` elsewhere."""
+    allowed = sdpa_mask(batch)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def flex_block_mask(batch: Mapping[str, Any], device: str | torch.device = "cpu"):
+    """A FlexAttention ``BlockMask`` for the row (document mask, causal), built without a dense matrix."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = document_ids(batch).to(device)
+    total = len(documents)
+
+    def document_causal(batch_index, head, query, key):
+        return (documents[query] == documents[key]) & (key <= query)
+
+    return create_block_mask(document_causal, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
+
+
+def flash_varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Mapping[str, Any], **kwargs
+):
+    """``flash_attn_varlen_func`` over the row's segments; ``q``, ``k``, ``v`` are ``[T, heads, dim]``.
+
+    Raises:
+        TightpackError: when flash-attn is not installed.
+    """
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError as error:
+        raise TightpackError(
+            "flash_varlen_attention needs the flash-attn package (CUDA): pip install flash-attn"
+        ) from error
+    bounds = _physical_boundaries(batch).to(device=q.device, dtype=torch.int32)
+    longest = int(bounds.diff().max())
+    return flash_attn_varlen_func(q, k, v, bounds, bounds, longest, longest, causal=True, **kwargs)
