@@ -165,3 +165,20 @@ def test_legacy_keys_without_alignment_have_no_unpadded_boundaries():
     assert batch["cu_seqlens"].tolist() == [[0, 3, 6, -1]]
     assert batch["cu_seqlens_argmin"].tolist() == [[3]]
     assert "cu_seqlens_unpadded" not in batch
+
+
+def test_split_microbatches_gives_one_packed_row_each():
+    from tightpack.runtime.adapters import to_packed_seq_params
+    from tightpack.runtime.collate import split_microbatches
+
+    rows = [row([1, 3, 4, 2, 5, 6, 7, 2], [0, 4]), row([1, 3, 4, 5, 6, 7, 8, 2], [0]), row([9, 2], [0])]
+    batch = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1)(rows)
+    parts = split_microbatches(batch, 3)
+    assert [part["tokens"].shape for part in parts] == [(1, 7)] * 3
+    assert parts[1]["cu_seqlens_q"].tolist() == [[0, 7, 7, 7]] and parts[1]["max_seqlen_q"].tolist() == [[7]]
+    assert [part["token_count"] for part in parts] == [[6], [7], [1]]
+    assert all(part["total_tokens"] == 7 for part in parts)
+    params = to_packed_seq_params(parts[0], megatron=False)
+    assert params.cu_seqlens_q.tolist() == [0, 3, 6, 7] and params.max_seqlen_q == 3
+    with pytest.raises(ValueError, match="Batch size 3 is not divisible by num_microbatches 2"):
+        split_microbatches(batch, 2)

@@ -60,7 +60,9 @@ def test_sdpa_and_additive_masks_equal_attention_per_sequence(batch):
     assert additive_mask(batch, torch.bfloat16).dtype == torch.bfloat16
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager is enough for a test
+@pytest.mark.filterwarnings(
+    "ignore:flex_attention called without torch.compile"
+)  # eager is enough for a test
 def test_flex_block_mask_forward_on_cpu(batch):
     from torch.nn.attention.flex_attention import flex_attention
 

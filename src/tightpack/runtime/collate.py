@@ -31,7 +31,7 @@ from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.ranges import in_ranges
 from tightpack.errors import TightpackError
 
-__all__ = ["PackedCollate", "PackingMetadata"]
+__all__ = ["PackedCollate", "PackingMetadata", "split_microbatches"]
 
 
 @dataclass(frozen=True)
@@ -250,3 +250,30 @@ def _extend(bounds: np.ndarray, length: int, fill: int | None = None) -> np.ndar
     """Boundaries right-padded to ``length`` with ``fill`` (default: the last value: empty sequences)."""
     extra = length - len(bounds)
     return np.concatenate((bounds, np.full(extra, bounds[-1] if fill is None else fill, dtype=bounds.dtype)))
+
+
+def split_microbatches(batch: Mapping[str, Any], num_microbatches: int) -> list[dict[str, Any]]:
+    """Split a collated ``[B, W]`` batch into ``num_microbatches`` along dim 0 (contract section 2.11).
+
+    With ``dataloader_type="batch"`` one collate call receives a data-parallel rank's whole share of a
+    global batch; each micro-batch (one packed row with offline packing) then goes to the model on its
+    own. Tensors and per-row lists are split; other values (``total_tokens``, None) are shared.
+
+    Raises:
+        ValueError: when the batch size is not divisible by ``num_microbatches``.
+    """
+    rows = batch["tokens"].shape[0]
+    if num_microbatches < 1 or rows % num_microbatches:
+        raise ValueError(f"Batch size {rows} is not divisible by num_microbatches {num_microbatches}")
+    size = rows // num_microbatches
+    parts: list[dict[str, Any]] = [{} for _ in range(num_microbatches)]
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows:
+            pieces = torch.tensor_split(value, num_microbatches, dim=0)
+        elif isinstance(value, list) and len(value) == rows:
+            pieces = [value[i * size : (i + 1) * size] for i in range(num_microbatches)]
+        else:
+            pieces = [value] * num_microbatches
+        for part, piece in zip(parts, pieces, strict=True):
+            part[key] = piece
+    return parts
