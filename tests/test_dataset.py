@@ -150,7 +150,7 @@ def shard_without_mask(folder):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (empty_shard, r"Packed Parquet dataset is empty \(0 rows\)"),
+        (empty_shard, r"packed dataset '.*data' is empty \(0 rows\)"),
         (shard_without_mask, "is missing required columns: loss_mask, seq_start_id"),
         (lambda folder: None, "No Parquet files found in directory"),
     ],

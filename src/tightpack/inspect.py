@@ -14,12 +14,11 @@ from typing import Any
 import numpy as np
 
 from tightpack.core import legacy_npy
+from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
 from tightpack.core.paths import resolve_parquet_spec
 from tightpack.errors import TightpackError
 
 __all__ = ["summarize_packed"]
-
-_REQUIRED = ("input_ids", "loss_mask", "seq_start_id")
 
 
 def _row_batches(path: str):
@@ -36,18 +35,10 @@ def _row_batches(path: str):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    try:
-        parquet = pq.ParquetFile(path)
-    except (OSError, pa.ArrowException) as error:
-        raise TightpackError(f"{path}: not a readable Parquet file ({error})") from error
-    missing = [c for c in _REQUIRED if c not in parquet.schema_arrow.names]
-    if missing:
-        raise TightpackError(
-            f"Packed Parquet file {path!r} is missing required columns: {', '.join(missing)}"
-        )
+    parquet = pq.ParquetFile(path)  # its schema was checked by check_shards
     try:
         for group in range(parquet.num_row_groups):
-            table = parquet.read_row_group(group, columns=list(_REQUIRED))
+            table = parquet.read_row_group(group, columns=list(REQUIRED_COLUMNS))
             input_ids = table.column("input_ids").combine_chunks()
             mask = table.column("loss_mask").combine_chunks()
             mask_offsets = mask.offsets.to_numpy()
@@ -84,6 +75,8 @@ def summarize_packed(path: str | Path, *, pack_size: int | None = None) -> dict[
         manifest = json.loads((path / "manifest.json").read_text())
         pack_size = pack_size or manifest["settings"]["packed_sequence_size"]
     files = _files(path)
+    if not files[0].lower().endswith(".npy"):
+        check_shards(files, name=str(path))
     stored, sequences, supervised = [], [], []
     for file in files:
         for lengths, counts, labels in _row_batches(file):

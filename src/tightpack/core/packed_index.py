@@ -39,8 +39,9 @@ REQUIRED_COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 _FORMAT_VERSION = 1
 
 
-def check_shards(files: list[str]) -> int:
-    """Check every shard's schema (footer only) and return the total number of rows.
+def check_shards(files: list[str], name: str | None = None) -> int:
+    """Check every shard's schema (footer only) and return the total number of rows; ``name`` is
+    how errors call the dataset (default: its first file).
 
     Raises:
         TightpackError: a shard that is not Parquet, misses a required column, or an empty dataset.
@@ -58,7 +59,7 @@ def check_shards(files: list[str]) -> int:
             )
         rows += parquet.metadata.num_rows
     if rows == 0:
-        raise TightpackError(f"Packed Parquet dataset is empty (0 rows) in {len(files)} file(s): {files[:3]}")
+        raise TightpackError(f"packed dataset {name or files[0]!r} is empty (0 rows)")
     return rows
 
 

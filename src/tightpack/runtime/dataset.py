@@ -80,7 +80,7 @@ class PackedDataset(torch.utils.data.Dataset):
                 raise TightpackError(f"packed dataset {path} is empty (0 rows)")
         else:
             self.files = resolve_parquet_spec(path)
-            self.rows = check_shards(self.files)
+            self.rows = check_shards(self.files, name=path)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "index"
         self.mapping = None
         if max_num_samples is not None:
