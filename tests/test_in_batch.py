@@ -213,3 +213,44 @@ def test_right_padded_errors(edit, message):
     edit(batch)
     with pytest.raises(ValueError, match=message):
         pack_right_padded_batch(batch)
+
+
+def test_non_packed_policy_pads_to_a_multiple_and_continues_positions():
+    from tightpack.runtime.in_batch import prepare_sequence_batch
+
+    batch = right_padded([3, 2], 5)
+    batch["attention_mask"] = (batch["input_ids"] != 0).long()
+    prepare_sequence_batch(batch, sequence_length=16, pad_to_multiple_of=4)
+    assert batch["input_ids"].shape == (2, 8)
+    assert batch["input_ids"][0].tolist() == [1, 2, 3, 0, 0, 0, 0, 0]
+    assert batch["labels"][0, 5:].tolist() == [-100] * 3 and batch["loss_mask"][0, 5:].tolist() == [0.0] * 3
+    assert batch["attention_mask"][1].tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert batch["position_ids"][0].tolist() == list(range(8))
+    fixed = right_padded([3, 2], 5)
+    prepare_sequence_batch(fixed, sequence_length=12, pad_to_max_length=True)
+    assert fixed["input_ids"].shape == (2, 12)
+
+
+def test_non_packed_policy_truncates_and_refuses_to_lose_all_supervision():
+    from tightpack.runtime.in_batch import pad_or_truncate_batch
+
+    batch = right_padded([6, 2], 6)
+    pad_or_truncate_batch(batch, sequence_length=4)
+    assert batch["input_ids"].shape == (2, 4)
+    lossy = right_padded([6, 2], 6)
+    lossy["loss_mask"][0, :4] = 0  # row 0 is supervised only at positions 4 and 5
+    with pytest.raises(
+        ValueError, match=r"from 6 to 4 tokens removed every supervised token from rows \[0\]"
+    ):
+        pad_or_truncate_batch(lossy, sequence_length=4)
+    with pytest.raises(ValueError, match="sequence_length must be >= 1"):
+        pad_or_truncate_batch(right_padded([2], 2), sequence_length=0)
+
+
+def test_packing_path_of_the_policy():
+    from tightpack.runtime.in_batch import prepare_sequence_batch
+
+    batch = right_padded([3, 2], 4)
+    settings = {"enable_in_batch_packing": True, "in_batch_packing_pad_to_multiple_of": 4}
+    prepare_sequence_batch(batch, sequence_length=8, emit_packed_padding_mask=True, **settings)
+    assert batch["cu_seqlens_q_padded"].tolist() == [0, 4, 8] and batch["padding_mask"].shape == (1, 8)

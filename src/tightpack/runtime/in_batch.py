@@ -7,6 +7,7 @@
   ``cu_seqlens_q/kv`` hold the real lengths; ``cu_seqlens_q/kv_padded`` the physical ones, only when
   some segment was padded; ``max_seqlen_q/kv`` is the longest physical segment (a 0-d CPU tensor).
 - `pack_right_padded_batch`: the same from a right-padded ``[B, S]`` batch, written back in place.
+- `pad_or_truncate_batch` / `prepare_sequence_batch`: the collator policy when not packing (section 3.3).
 
 Errors are ValueErrors checked in the reference's order, with its messages.
 """
@@ -18,7 +19,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["build_thd_from_rows", "pack_right_padded_batch"]
+__all__ = [
+    "build_thd_from_rows",
+    "pack_right_padded_batch",
+    "pad_or_truncate_batch",
+    "prepare_sequence_batch",
+]
 
 _STANDARD = ("position_ids", "labels", "loss_mask", "attention_mask", "padding_mask")
 _OPTIONAL = ("labels", "loss_mask")
@@ -171,8 +177,7 @@ def pack_right_padded_batch(
     ``tokens`` and ``input_ids`` stay aliases of one tensor when the batch has both; a stale
     ``padding_mask`` or ``*_padded`` key is removed when this packing does not produce it.
     """
-    if token_key is None:
-        token_key = "tokens" if isinstance(batch.get("tokens"), torch.Tensor) else "input_ids"
+    token_key = token_key or _token_key(batch)
     tokens = batch.get(token_key)
     if not isinstance(tokens, torch.Tensor):
         raise ValueError("Sequence batch must contain a 2D 'input_ids' or 'tokens' tensor.")
@@ -216,3 +221,117 @@ def pack_right_padded_batch(
     for alias in ("tokens", "input_ids"):
         if alias != token_key and alias in batch:
             batch[alias] = packed[token_key]
+
+
+def _token_key(batch: Mapping[str, Any]) -> str:
+    return "tokens" if isinstance(batch.get("tokens"), torch.Tensor) else "input_ids"
+
+
+def pad_or_truncate_batch(
+    batch: MutableMapping[str, Any],
+    *,
+    sequence_length: int | None,
+    pad_to_max_length: bool = False,
+    pad_to_multiple_of: int = 128,
+    pad_token_id: int = 0,
+    ignore_index: int = -100,
+    sequence_tensor_pad_values: Mapping[str, Any] | None = None,
+) -> None:
+    """The non-packed policy (contract section 3.3), in place on a right-padded ``[B, S]`` batch.
+
+    The width becomes ``sequence_length`` with ``pad_to_max_length``, else ``ceil(S, multiple)`` capped
+    at ``sequence_length``. Padding: tokens ``pad_token_id``, labels ``ignore_index``, loss mask 0,
+    attention mask 0, positions continuing the arange, extras their own pad value.
+
+    Raises:
+        ValueError: a ``sequence_length`` below 1, a 4-D attention mask, or a truncation that removes
+            every supervised token of a row that had some.
+    """
+    if sequence_length is None:
+        return
+    if sequence_length < 1:
+        raise ValueError("sequence_length must be >= 1.")
+    token_key = _token_key(batch)
+    width = batch[token_key].shape[1]
+    multiple = max(1, pad_to_multiple_of)
+    target = sequence_length if pad_to_max_length else min(sequence_length, -(-width // multiple) * multiple)
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() != 2:
+        raise ValueError(
+            "pad_or_truncate_batch supports 2-D attention masks only; build 4-D masks after padding"
+        )
+    pad_values = {token_key: pad_token_id, "labels": ignore_index, "loss_mask": 0, "attention_mask": 0}
+    pad_values |= dict(sequence_tensor_pad_values or {})
+    keys = [
+        k
+        for k in {*pad_values, "position_ids", "tokens", "input_ids"}
+        if isinstance(batch.get(k), torch.Tensor)
+    ]
+    if target < width:
+        supervised = _supervised(batch, ignore_index)
+        if supervised is not None:
+            lost = (supervised.any(dim=1) & ~supervised[:, :target].any(dim=1)).nonzero().flatten().tolist()
+            if lost:
+                raise ValueError(
+                    f"Truncating sequence batch from {width} to {target} tokens removed every supervised "
+                    f"token from rows {lost}. Increase sequence_length or filter overlength samples."
+                )
+        for key in keys:
+            batch[key] = batch[key][:, :target]
+    elif target > width:
+        extra = target - width
+        for key in keys:
+            value = batch[key]
+            if key == "position_ids":
+                tail = value[:, -1:] + 1 + torch.arange(extra, device=value.device, dtype=value.dtype)
+            else:
+                tail = torch.full(
+                    (value.shape[0], extra), pad_values.get(key, 0), dtype=value.dtype, device=value.device
+                )
+            batch[key] = torch.cat([value, tail], dim=1)
+    if isinstance(batch.get("tokens"), torch.Tensor) and isinstance(batch.get("input_ids"), torch.Tensor):
+        batch["input_ids"] = batch["tokens"] = batch[token_key]
+
+
+def _supervised(batch: Mapping[str, Any], ignore_index: int) -> torch.Tensor | None:
+    if isinstance(batch.get("loss_mask"), torch.Tensor):
+        return batch["loss_mask"] > 0
+    if isinstance(batch.get("labels"), torch.Tensor):
+        return batch["labels"] != ignore_index
+    return None
+
+
+def prepare_sequence_batch(
+    batch: MutableMapping[str, Any],
+    *,
+    sequence_length: int | None,
+    pad_to_max_length: bool = False,
+    pad_to_multiple_of: int = 128,
+    enable_in_batch_packing: bool = False,
+    in_batch_packing_pad_to_multiple_of: int = 1,
+    pad_token_id: int = 0,
+    ignore_index: int = -100,
+    sequence_tensor_pad_values: Mapping[str, Any] | None = None,
+    emit_packed_padding_mask: bool = False,
+) -> None:
+    """Collator policy (contract section 3.3): pack the batch in place, or pad/truncate it."""
+    if enable_in_batch_packing:
+        pack_right_padded_batch(
+            batch,
+            sequence_length=sequence_length,
+            pad_token_id=pad_token_id,
+            ignore_index=ignore_index,
+            pad_to_multiple_of=in_batch_packing_pad_to_multiple_of,
+            sequence_tensor_pad_values=sequence_tensor_pad_values,
+            emit_padding_mask=emit_packed_padding_mask,
+        )
+    else:
+        pad_or_truncate_batch(
+            batch,
+            sequence_length=sequence_length,
+            pad_to_max_length=pad_to_max_length,
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_token_id=pad_token_id,
+            ignore_index=ignore_index,
+            sequence_tensor_pad_values=sequence_tensor_pad_values,
+        )
