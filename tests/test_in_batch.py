@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tightpack.runtime.in_batch import build_thd_from_rows, pack_right_padded_batch
 
@@ -254,3 +258,42 @@ def test_packing_path_of_the_policy():
     settings = {"enable_in_batch_packing": True, "in_batch_packing_pad_to_multiple_of": 4}
     prepare_sequence_batch(batch, sequence_length=8, emit_packed_padding_mask=True, **settings)
     assert batch["cu_seqlens_q_padded"].tolist() == [0, 4, 8] and batch["padding_mask"].shape == (1, 8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    multiple=st.integers(1, 8),
+    fixed=st.booleans(),
+    labels=st.booleans(),
+)
+def test_property_every_token_appears_once_at_its_physical_offset(lengths, multiple, fixed, labels):
+    rows = rows_of(*lengths, labels=labels)
+    aligned = [-(-n // multiple) * multiple for n in lengths]
+    width = sum(aligned) + 3 if fixed else None
+    packed = build_thd_from_rows(
+        rows,
+        pad_to_multiple_of=multiple,
+        sequence_length=width,
+        pad_to_max_length=fixed,
+        emit_padding_mask=True,
+    )
+    logical = packed["cu_seqlens_q"].tolist()
+    physical = packed.get("cu_seqlens_q_padded", packed["cu_seqlens_q"]).tolist()
+    assert logical == [0, *itertools.accumulate(lengths)]
+    assert physical[-1] == packed["total_tokens"] == packed["input_ids"].shape[1] == (width or sum(aligned))
+    assert ("cu_seqlens_q_padded" in packed) == (physical != logical)
+    assert int(packed["max_seqlen_q"]) == max(b - a for a, b in itertools.pairwise(physical))
+    tokens, positions = packed["input_ids"][0], packed["position_ids"][0]
+    padding = packed["padding_mask"][0]
+    for row, start, stop in zip(rows, physical[:-1], physical[1:], strict=True):
+        n = len(row["input_ids"])
+        assert torch.equal(tokens[start : start + n], row["input_ids"])
+        assert positions[start:stop].tolist() == list(range(stop - start))  # tails continue last+1
+        assert not padding[start : start + n].any() and padding[start + n : stop].all()
+        assert (tokens[start + n : stop] == 0).all()
+        if labels:
+            assert torch.equal(packed["labels"][0, start : start + n], row["labels"])
+            assert (packed["labels"][0, start + n : stop] == -100).all()
+            assert (packed["loss_mask"][0, start + n : stop] == 0).all()
+    assert int((~padding).sum()) == sum(lengths)

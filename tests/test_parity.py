@@ -136,3 +136,48 @@ def test_padding_rows_add_nothing_to_the_loss_or_its_denominator(demo_slice, tmp
     padded_loss, padded_count = totals([0, 1, -1, -2])  # the sampler's -1 padding of a last global batch
     assert real_count > 0 and padded_count == real_count
     torch.testing.assert_close(padded_loss, real_loss, atol=0, rtol=0)
+
+
+def test_in_batch_packing_with_alignment_equals_unpacked(demo_slice, tmp_path):
+    """Collate-time packing (contract 3.1) of unpacked samples, m = 4: same losses and gradients."""
+    from tightpack.runtime.in_batch import build_thd_from_rows
+
+    rows = packed_rows(demo_slice, tmp_path, 1)
+    samples = []  # the unpacked samples behind the packs: shifted labels, label-aligned mask
+    for row in sorted(rows, key=lambda row: -len(row["seq_start_id"]))[:4]:
+        ids, mask = torch.tensor(row["input_ids"]), torch.tensor(row["loss_mask"], dtype=torch.float32)
+        for start, runtime in zip(row["seq_start_id"], row["seq_len"], strict=True):
+            labels = ids[start + 1 : start + runtime + 1].clone()
+            loss_mask = mask[start : start + runtime]
+            labels[loss_mask == 0] = -100
+            inputs = ids[start : start + runtime]
+            samples.append(
+                {
+                    "input_ids": inputs,
+                    "labels": labels,
+                    "loss_mask": loss_mask,
+                    "position_ids": torch.arange(runtime),
+                }
+            )
+    samples = [s for s in samples if len(s["input_ids"]) % 4][:6]  # rows that do get an alignment tail
+    packed = build_thd_from_rows(samples, pad_to_multiple_of=4, pad_token_id=EOS)
+    assert len(samples) == 6 and "cu_seqlens_q_padded" in packed
+    model = tiny_llama("sdpa")
+    keys = ("position_ids", "cu_seqlens_q", "cu_seqlens_q_padded")
+    batch = {"tokens": packed["input_ids"], **{key: packed[key] for key in keys}}
+    logits = packed_forward(model, batch).logits[0]
+    labels, mask = packed["labels"][0], packed["loss_mask"][0]
+    losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none", ignore_index=-100)
+    (losses * mask).sum().backward()
+    packed_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    total = 0
+    for sample, start in zip(samples, packed["cu_seqlens_q_padded"].tolist(), strict=False):
+        out = model(input_ids=sample["input_ids"][None], use_cache=False).logits[0]
+        alone = torch.nn.functional.cross_entropy(out, sample["labels"], reduction="none", ignore_index=-100)
+        n = len(alone)
+        torch.testing.assert_close(losses[start : start + n], alone, atol=1e-5, rtol=0)
+        total = total + (alone * sample["loss_mask"]).sum()
+    total.backward()
+    for packed_grad, parameter in zip(packed_grads, model.parameters(), strict=True):
+        torch.testing.assert_close(packed_grad, parameter.grad, atol=1e-5, rtol=0)
