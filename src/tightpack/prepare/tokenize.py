@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,15 @@ from tightpack.prepare.pretokenized import pretokenized_arrays
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenizer import TokenizerSpec
 
-__all__ = ["BadRow", "ChunkResult", "TokenizeReport", "tokenize_chunk", "tokenize_to_store"]
+__all__ = [
+    "BadRow",
+    "ChunkResult",
+    "Encoder",
+    "TokenizeReport",
+    "encode_chunk",
+    "tokenize_chunk",
+    "tokenize_to_store",
+]
 
 
 @dataclass(frozen=True)
@@ -66,18 +75,28 @@ class TokenizeReport:
     bad_rows: list[BadRow]
 
 
-class _Worker:
-    """Per-process state: the tokenizer backend, built once."""
+@dataclass(frozen=True)
+class Encoder:
+    """What turns rows into token ids and loss masks: a tokenizer and a sample format."""
 
-    spec: TokenizerSpec | None = None
-    config: FormatConfig | None = None
-    backend = None
+    spec: TokenizerSpec
+    config: FormatConfig
+
+    def encode_rows(self, rows: list[Any], first_sample: int = 0, source: str = "rows") -> ChunkResult:
+        """Tokens, masks (unshifted) and stored lengths of ``rows``, EOS appended; bad rows reported."""
+        return encode_chunk(self, Chunk(first_sample, source, rows=list(rows)))
+
+
+class _Worker:
+    """Per-process state of a tokenization worker."""
+
+    encoder: Encoder | None = None
 
 
 def _init_worker(spec: TokenizerSpec, config: FormatConfig, single_threaded: bool) -> None:
     if single_threaded:  # K processes already use the cores; Rust threads inside each would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _Worker.spec, _Worker.config, _Worker.backend = spec, config, spec.backend
+    _Worker.encoder = Encoder(spec, config)
 
 
 def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
@@ -122,8 +141,8 @@ def _supervised_tokens(encoding, text: str, spans, n_tokens: int) -> list[tuple[
     return ranges
 
 
-def _render_chunk(chunk: Chunk) -> tuple[list[tuple[int, Rendered]], list[BadRow]]:
-    spec, config = _Worker.spec, _Worker.config
+def _render_chunk(encoder: Encoder, chunk: Chunk) -> tuple[list[tuple[int, Rendered]], list[BadRow]]:
+    spec, config = encoder.spec, encoder.config
     template, special = spec.chat_template, spec.special_tokens
     rendered: list[tuple[int, Rendered]] = []
     bad_rows = []
@@ -137,13 +156,14 @@ def _render_chunk(chunk: Chunk) -> tuple[list[tuple[int, Rendered]], list[BadRow
     return rendered, bad_rows
 
 
-def _encode(rendered: list[tuple[int, Rendered]]) -> list:
+def _encode(encoder: Encoder, rendered: list[tuple[int, Rendered]]) -> list:
     """Token ids of the rendered texts: lists of ints on the byte-level fast path (the tokenizer
     tracks no offsets; special tokens are added by `_byte_level_body`), else ``Encoding`` objects."""
-    if _Worker.spec.byte_level is None:
-        return _encode_with_offsets(rendered)
+    if encoder.spec.byte_level is None:
+        return _encode_with_offsets(encoder, rendered)
     texts = [sample.text for _, sample in rendered]
-    return [encoding.ids for encoding in _Worker.backend.encode_batch_fast(texts, add_special_tokens=False)]
+    batch = encoder.spec.backend.encode_batch_fast(texts, add_special_tokens=False)
+    return [encoding.ids for encoding in batch]
 
 
 def _char_spans_to_bytes(text: str, spans) -> list[tuple[int, int]]:
@@ -160,13 +180,13 @@ def _char_spans_to_bytes(text: str, spans) -> list[tuple[int, int]]:
     return converted
 
 
-def _byte_level_body(rendered: list[tuple[int, Rendered]], id_lists: list[list[int]]):
+def _byte_level_body(encoder: Encoder, rendered: list[tuple[int, Rendered]], id_lists: list[list[int]]):
     """Flat ids, lengths and supervised mask of the samples, from token byte lengths (no offsets).
 
     Returns None when some sample's tokens do not cover its UTF-8 bytes exactly (an added token that
     strips whitespace, say): the chunk then takes the offsets path.
     """
-    layout = _Worker.spec.byte_level
+    layout = encoder.spec.byte_level
     lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
     text_bytes = np.array([len(sample.text.encode("utf-8")) for _, sample in rendered], dtype=np.int64)
@@ -221,13 +241,15 @@ def _offsets_body(rendered: list[tuple[int, Rendered]], encodings: list):
     return ids, lengths, in_ranges(rises, falls, len(ids))
 
 
-def _assemble(chunk: Chunk, rendered: list[tuple[int, Rendered]], encoded: list, bad_rows) -> ChunkResult:
+def _assemble(
+    encoder: Encoder, chunk: Chunk, rendered: list[tuple[int, Rendered]], encoded: list, bad_rows
+) -> ChunkResult:
     """Flat token and mask arrays of the chunk's samples, EOS appended."""
-    spec = _Worker.spec
-    body = _byte_level_body(rendered, encoded) if spec.byte_level is not None else None
+    spec = encoder.spec
+    body = _byte_level_body(encoder, rendered, encoded) if spec.byte_level is not None else None
     if body is None:
         if spec.byte_level is not None:  # rare: re-encode this chunk with offsets
-            encoded = _encode_with_offsets(rendered)
+            encoded = _encode_with_offsets(encoder, rendered)
         body = _offsets_body(rendered, encoded)
     ids, lengths, mask = body
     eos_supervised = np.array([sample.eos_supervised for _, sample in rendered], dtype=bool)
@@ -236,8 +258,8 @@ def _assemble(chunk: Chunk, rendered: list[tuple[int, Rendered]], encoded: list,
     return ChunkResult(tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk))
 
 
-def _encode_with_offsets(rendered: list[tuple[int, Rendered]]) -> list:
-    backend = _Worker.backend
+def _encode_with_offsets(encoder: Encoder, rendered: list[tuple[int, Rendered]]) -> list:
+    backend = encoder.spec.backend
     encodings: list = [None] * len(rendered)
     for add_special in (True, False):
         picked = [i for i, (_, sample) in enumerate(rendered) if sample.add_special_tokens is add_special]
@@ -250,38 +272,43 @@ def _encode_with_offsets(rendered: list[tuple[int, Rendered]]) -> list:
     return encodings
 
 
-def _pretokenized_chunk(chunk: Chunk) -> ChunkResult:
-    spec = _Worker.spec
+def _pretokenized_chunk(encoder: Encoder, chunk: Chunk) -> ChunkResult:
+    spec = encoder.spec
     rows = None if chunk.batch is not None else [row for _, row in _parse(chunk)]
     tokens, loss_mask, stored, good, bad = pretokenized_arrays(chunk, rows, spec.vocab_size, spec.eos_id)
     bad_rows = [BadRow(chunk.first_sample + offset, chunk.location(offset), reason) for offset, reason in bad]
     return ChunkResult(tokens, loss_mask, stored, chunk.first_sample + good, bad_rows, rows=len(chunk))
 
 
+def encode_chunk(encoder: Encoder, chunk: Chunk) -> ChunkResult:
+    """Parse, format and tokenize one chunk."""
+    if encoder.config.format == "tokens":
+        return _pretokenized_chunk(encoder, chunk)
+    rendered, bad_rows = _render_chunk(encoder, chunk)
+    return _assemble(encoder, chunk, rendered, _encode(encoder, rendered), bad_rows)
+
+
 def tokenize_chunk(chunk: Chunk) -> ChunkResult:
-    """Parse, format and tokenize one chunk (in a worker process)."""
-    if _Worker.config.format == "tokens":
-        return _pretokenized_chunk(chunk)
-    rendered, bad_rows = _render_chunk(chunk)
-    return _assemble(chunk, rendered, _encode(rendered), bad_rows)
+    """`encode_chunk` with the worker process's encoder."""
+    return encode_chunk(_Worker.encoder, chunk)
 
 
-def _tokenize_in_process(chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
+def _tokenize_in_process(encoder: Encoder, chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
     """K = 1: the tokenizer's own threads encode chunk i while this thread renders chunk i+1 and
     assembles chunk i-1 (``encode_batch`` releases the GIL)."""
-    if _Worker.config.format == "tokens":
-        yield from map(tokenize_chunk, chunks)
+    if encoder.config.format == "tokens":
+        yield from (encode_chunk(encoder, chunk) for chunk in chunks)
         return
-    with ThreadPoolExecutor(max_workers=1) as encoder:
+    with ThreadPoolExecutor(max_workers=1) as thread:
         previous = None
         for chunk in chunks:
-            rendered, bad_rows = _render_chunk(chunk)
-            current = (chunk, rendered, bad_rows, encoder.submit(_encode, rendered))
+            rendered, bad_rows = _render_chunk(encoder, chunk)
+            current = (chunk, rendered, bad_rows, thread.submit(_encode, encoder, rendered))
             if previous is not None:
-                yield _assemble(previous[0], previous[1], previous[3].result(), previous[2])
+                yield _assemble(encoder, previous[0], previous[1], previous[3].result(), previous[2])
             previous = current
         if previous is not None:
-            yield _assemble(previous[0], previous[1], previous[3].result(), previous[2])
+            yield _assemble(encoder, previous[0], previous[1], previous[3].result(), previous[2])
 
 
 def tokenize_to_store(
@@ -322,8 +349,7 @@ def tokenize_to_store(
             on_rows(result.rows)
 
     if workers == 1:
-        _init_worker(spec, config, single_threaded=False)
-        for result in _tokenize_in_process(chunks):
+        for result in _tokenize_in_process(Encoder(spec, config), chunks):
             consume(result)
     else:
         # Fork on Linux: workers start at once and inherit the loaded tokenizer
