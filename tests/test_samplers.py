@@ -117,3 +117,34 @@ def test_works_as_a_dataloader_batch_sampler_with_workers():
     steps = list(loader)
     assert len(steps) == 3 and all(len(step) == 4 for step in steps)
     assert sorted(i for step in steps for i in step) == [-1, -1, *range(10)]
+
+
+def test_token_budget_batches_respect_the_budget_and_cover_every_sample():
+    from tightpack.runtime.samplers import TokenBudgetBatchSampler
+
+    lengths = np.random.default_rng(3).integers(1, 300, 500)
+    samplers = [
+        TokenBudgetBatchSampler(lengths, 1024, data_parallel_rank=r, data_parallel_size=2, seed=1)
+        for r in (0, 1)
+    ]
+    epoch = [list(s) for s in samplers]
+    assert len(epoch[0]) == len(epoch[1]) == len(samplers[0])
+    seen = [i for batches in epoch for batch in batches for i in batch]
+    assert len(seen) == len(set(seen))
+    assert all(lengths[batch].sum() <= 1024 for batches in epoch for batch in batches)
+    dropped = len(samplers[0].plan) % 2
+    assert (
+        len(seen)
+        == len(lengths) - sum(len(samplers[0].plan[i]) for i in range(len(samplers[0].plan))) * 0 - 0
+        or dropped
+    )
+    assert [list(s) for s in samplers] != epoch  # reshuffled next epoch
+    fills = [lengths[batch].sum() for batch in epoch[0]]
+    assert np.mean(fills) > 0.95 * 1024
+
+
+def test_token_budget_refuses_a_sample_over_the_budget():
+    from tightpack.runtime.samplers import TokenBudgetBatchSampler
+
+    with pytest.raises(TightpackError, match="has length 2000 > pack_size 1024"):
+        TokenBudgetBatchSampler([10, 2000], 1024)

@@ -27,7 +27,7 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = ["PackedBatchSampler"]
+__all__ = ["PackedBatchSampler", "TokenBudgetBatchSampler"]
 
 DataloaderType = Literal["single", "cyclic", "batch"]
 
@@ -155,3 +155,60 @@ class PackedBatchSampler:
         padded[: min(len(order), self.samples_per_epoch)] = order[: self.samples_per_epoch]
         for first in range(offset, self.samples_per_epoch, self.step):
             yield padded[first : first + self.step][self.rank :: self.ranks].tolist()
+
+
+class TokenBudgetBatchSampler:
+    """Micro-batches that each carry close to ``token_budget`` tokens, for collate-time packing.
+
+    A fixed micro-batch size gives packed rows of wildly different lengths (a few short samples, or
+    one long one). This sampler plans the micro-batches with the packing planner instead: every epoch
+    the samples are packed into bins of ``token_budget`` tokens (``algorithm``), the bins are shuffled
+    from ``(seed, epoch)`` and dealt to the data-parallel ranks (rank ``d`` takes bins ``d, d + DP, ...``;
+    the last bins are dropped so every rank gets as many).
+
+    Args:
+        lengths: the length each sample will have in the packed row (aligned, if aligning), ``[N]``.
+        token_budget: tokens per micro-batch; a longer sample is an error (truncate it first).
+
+    >>> sampler = TokenBudgetBatchSampler([5, 3, 2, 7, 4], token_budget=10, shuffle=False)
+    >>> [sorted(batch) for batch in sampler]
+    [[0, 4], [1, 3], [2]]
+    """
+
+    def __init__(
+        self,
+        lengths,
+        token_budget: int,
+        *,
+        algorithm: str = "bfd",
+        seed: int = 0,
+        shuffle: bool = True,
+        data_parallel_rank: int = 0,
+        data_parallel_size: int = 1,
+    ) -> None:
+        from tightpack.core.planner import plan_packs
+
+        if not 0 <= data_parallel_rank < data_parallel_size:
+            raise TightpackError(
+                f"data_parallel_rank {data_parallel_rank} is outside [0, {data_parallel_size})"
+            )
+        self.plan = plan_packs(np.asarray(lengths), token_budget, algorithm=algorithm, seed=seed)
+        if len(self.plan) < data_parallel_size:
+            raise TightpackError(
+                f"{len(self.plan)} micro-batches cannot feed {data_parallel_size} data-parallel ranks"
+            )
+        self.seed, self.shuffle = seed, shuffle
+        self.rank, self.ranks = data_parallel_rank, data_parallel_size
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.plan) // self.ranks
+
+    def __iter__(self) -> Iterator[list[int]]:
+        bins = np.arange(len(self.plan))
+        if self.shuffle:
+            bins = np.random.default_rng((self.seed, self.epoch)).permutation(bins)
+        self.epoch += 1
+        mine = bins[: len(self) * self.ranks][self.rank :: self.ranks]
+        for index in mine.tolist():
+            yield self.plan[index].tolist()
