@@ -5,13 +5,28 @@
 - `unpack_for_position_ids` / `repack_position_ids`: multimodal rotary positions (3 axes, as Qwen-VL)
   are computed per sequence; these move a packed row's tokens into one padded row per sequence and
   the positions computed there back into the packed layout, alignment gaps at 0.
+- `expand_placeholders`, `qwen_vl_positions`, `pack_vlm_samples`: vision-language samples packed into
+  one THD row, their visual tensors concatenated in member order (contract section 4.3).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-__all__ = ["moe_padding_mask", "repack_position_ids", "unpack_for_position_ids"]
+from tightpack.runtime.in_batch import build_thd_from_rows
+
+__all__ = [
+    "VISUAL_KEYS",
+    "expand_placeholders",
+    "moe_padding_mask",
+    "pack_vlm_samples",
+    "qwen_vl_positions",
+    "repack_position_ids",
+    "unpack_for_position_ids",
+    "visual_token_counts",
+]
 
 
 def _boundaries(
@@ -19,8 +34,7 @@ def _boundaries(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logical, physical = cu_seqlens.reshape(-1).long(), cu_seqlens_padded.reshape(-1).long()
     if (
-        (cu_seqlens.dim() > 1
-        and cu_seqlens.shape[0] != 1)
+        (cu_seqlens.dim() > 1 and cu_seqlens.shape[0] != 1)
         or logical.shape != physical.shape
         or len(logical) < 2
     ):
@@ -117,3 +131,138 @@ def repack_position_ids(
     target = (starts[:, None] + columns[None])[mask]
     out[:, 0, target] = positions[:, mask]
     return out
+
+
+VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+
+def visual_token_counts(grid_thw: torch.Tensor, merge_size: int) -> torch.Tensor:
+    """Language-model tokens of each image or video: ``t * h * w / merge_size**2`` (int64 ``[n]``)."""
+    grid_thw = torch.as_tensor(grid_thw).reshape(-1, 3).long()
+    return grid_thw.prod(dim=1) // (merge_size * merge_size)
+
+
+def expand_placeholders(
+    ids: torch.Tensor, grid_thw: torch.Tensor, placeholder_id: int, merge_size: int
+) -> torch.Tensor:
+    """Replace the k-th ``placeholder_id`` token of ``ids`` by as many copies as image k has visual tokens.
+
+    >>> expand_placeholders(torch.tensor([1, 9, 2]), torch.tensor([[1, 4, 6]]), 9, 2).tolist()
+    [1, 9, 9, 9, 9, 9, 9, 2]
+    """
+    counts = visual_token_counts(grid_thw, merge_size)
+    where = ids == placeholder_id
+    if int(where.sum()) != len(counts):
+        raise ValueError(f"{int(where.sum())} placeholder tokens for {len(counts)} images or videos")
+    repeats = torch.ones_like(ids)
+    repeats[where] = counts
+    return torch.repeat_interleave(ids, repeats)
+
+
+def qwen_vl_positions(
+    ids: torch.Tensor,
+    *,
+    image_token_id: int,
+    image_grid_thw: torch.Tensor | None = None,
+    video_token_id: int | None = None,
+    video_grid_thw: torch.Tensor | None = None,
+    merge_size: int = 2,
+) -> torch.Tensor:
+    """Multimodal rotary positions ``[3, L]`` (temporal, height, width) of one sequence, as Qwen2-VL.
+
+    Text tokens count up on all three axes. A visual block of ``t x h x w`` patches (``h``, ``w``
+    divided by the merge size) starts at the current position and spreads over the grid; the text
+    after it continues from the block's largest position + 1.
+
+    >>> qwen_vl_positions(torch.tensor([5, 9, 9, 9, 9, 6]), image_token_id=9,
+    ...                   image_grid_thw=torch.tensor([[1, 4, 4]])).tolist()
+    [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
+    """
+    grids = {
+        image_token_id: iter(
+            torch.as_tensor(image_grid_thw).reshape(-1, 3).tolist() if image_grid_thw is not None else []
+        )
+    }
+    if video_token_id is not None:
+        grids[video_token_id] = iter(
+            torch.as_tensor(video_grid_thw).reshape(-1, 3).tolist() if video_grid_thw is not None else []
+        )
+    pieces, position, index, tokens = [], 0, 0, ids.tolist()
+    while index < len(tokens):
+        token = tokens[index]
+        if token in grids:
+            t, h, w = next(grids[token])
+            h, w = h // merge_size, w // merge_size
+            grid = torch.stack(
+                torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+            )
+            block = grid.reshape(3, -1) + position
+            pieces.append(block)
+            position = int(block.max()) + 1
+            index += t * h * w
+        else:
+            stop = index
+            while stop < len(tokens) and tokens[stop] not in grids:
+                stop += 1
+            pieces.append(torch.arange(position, position + stop - index).expand(3, -1))
+            position += stop - index
+            index = stop
+    return torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
+
+
+def pack_vlm_samples(
+    samples: list[dict[str, Any]],
+    *,
+    image_token_id: int,
+    video_token_id: int | None = None,
+    merge_size: int = 2,
+    pad_to_multiple_of: int = 1,
+    pad_token_id: int = 0,
+    ignore_index: int = -100,
+    sequence_length: int | None = None,
+    pad_to_max_length: bool = False,
+) -> dict[str, Any]:
+    """Pack vision-language samples into one THD row.
+
+    Each sample has expanded ``input_ids`` (see `expand_placeholders`), optional ``labels`` and
+    ``loss_mask``, and its visual tensors (``pixel_values`` ``[patches, D]``, ``image_grid_thw``
+    ``[images, 3]``, the video equivalents). The batch holds the packed text keys and boundaries of
+    `build_thd_from_rows`, ``mrope_position_ids`` ``[3, 1, T]`` (each sequence's `qwen_vl_positions`,
+    alignment gaps at 0), and every visual key concatenated along dim 0 in member order.
+    """
+    rows = []
+    for sample in samples:
+        ids = sample["input_ids"]
+        row = {"input_ids": ids, "position_ids": torch.arange(len(ids))}
+        row |= {key: sample[key] for key in ("labels", "loss_mask") if sample.get(key) is not None}
+        rows.append(row)
+    batch = build_thd_from_rows(
+        rows,
+        sequence_length=sequence_length,
+        pad_token_id=pad_token_id,
+        ignore_index=ignore_index,
+        pad_to_multiple_of=pad_to_multiple_of,
+        pad_to_max_length=pad_to_max_length,
+        emit_padding_mask=True,
+    )
+    positions = [
+        qwen_vl_positions(
+            sample["input_ids"],
+            image_token_id=image_token_id,
+            image_grid_thw=sample.get("image_grid_thw"),
+            video_token_id=video_token_id,
+            video_grid_thw=sample.get("video_grid_thw"),
+            merge_size=merge_size,
+        )
+        for sample in samples
+    ]
+    lengths = torch.tensor([p.shape[1] for p in positions])
+    longest = int(lengths.max())
+    stacked = torch.stack([torch.nn.functional.pad(p, (0, longest - p.shape[1])) for p in positions], dim=1)
+    padded = batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"]).long()
+    batch["mrope_position_ids"] = repack_position_ids(stacked, padded[:-1], lengths, batch["total_tokens"])
+    for key in VISUAL_KEYS:
+        present = [sample[key] for sample in samples if sample.get(key) is not None]
+        if present:
+            batch[key] = torch.cat(present, dim=0)
+    return batch
