@@ -41,6 +41,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_token_budget.py
+	$(PY) benchmarks/bench_online.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/tightpack/core/*.so packed-demo

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from tightpack.core.planner import plan_packs
@@ -165,11 +166,15 @@ class OnlinePacker(torch.utils.data.IterableDataset):
                 chosen.append(candidate)
                 room -= candidate.length
         taken = {id(c) for c in chosen}
-        for candidate in sorted(self.buffer, key=lambda c: (-c.length, c.arrival, str(c.key))):
-            if id(candidate) not in taken and candidate.length <= room:
-                chosen.append(candidate)
-                taken.add(id(candidate))
-                room -= candidate.length
+        rest = [c for c in self.buffer if id(c) not in taken and c.length <= room]
+        if rest and room:
+            # Pack the rest into bins of the room left, best fit, and take the fullest bin: big samples
+            # leave with small ones, so the buffer keeps a mix and stays able to fill the next packs.
+            plan = plan_packs([c.length for c in rest], room, algorithm="bfd")
+            loads = plan.pack_loads(np.array([c.length for c in rest]))
+            best = plan[int(np.argmax(loads))]
+            chosen.extend(rest[i] for i in best.tolist())
+            taken.update(id(rest[i]) for i in best.tolist())
         self.buffer = [c for c in self.buffer if id(c) not in taken]
         return chosen
 

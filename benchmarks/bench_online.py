@@ -1,0 +1,91 @@
+"""Online packing fill: ``best_fill`` against the reference's ``ffd`` semantics, same stream, same run.
+
+A stream of ``--samples`` demo-corpus lengths (GPT-2 tokens, capped at the pack size), one pack per
+step. Fill = real tokens / (packs x pack size). The bound column is the mean over steps of
+min(tokens held, pack size) / pack size at selection time (buffer plus pending groups): no strategy
+fills a pack with more than it holds. Also reports waits (steps) and the selection cost per pack.
+
+    .venv/bin/python benchmarks/bench_online.py [--samples 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from demo_lengths import demo_runtime_lengths
+from tightpack.runtime.online import OnlinePacker
+
+
+class Measured(OnlinePacker):
+    """Records the buffer bound at every step and the time spent choosing groups."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.bounds, self.selection_s = [], 0.0
+
+    def _next_group(self, stream_open):
+        start = time.perf_counter()
+        if self.buffer or self.pending:
+            held = sum(c.length for c in self.buffer) + sum(c.length for g in self.pending for c in g)
+            group = super()._next_group(stream_open)
+            if group is not None:
+                self.bounds.append(min(held, self.pack_size) / self.pack_size)
+        else:
+            group = super()._next_group(stream_open)
+        self.selection_s += time.perf_counter() - start
+        return group
+
+    def _pack(self, group):  # count only: building the THD tensors is not the subject here
+        self.step += 1
+        self.counts["packs"] += 1
+        self.counts["samples"] += len(group)
+        self.counts["tokens"] += sum(c.length for c in group)
+        for c in group:
+            wait = self.step - 1 - c.arrival
+            self.counts["waited"] += wait
+            self.counts["max_wait"] = max(self.counts["max_wait"], wait)
+        return None
+
+
+def run(lengths, pack_size, buffer_size, strategy):
+    samples = [{"key": i, "input_ids": torch.empty(int(n))} for i, n in enumerate(lengths)]
+    settings = {"pack_size": pack_size, "packing_buffer_size": buffer_size, "strategy": strategy}
+    packer = Measured(lambda start: iter(samples[start:]), **settings)
+    for _ in packer:
+        pass
+    return packer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    demo = demo_runtime_lengths()
+    print(f"stream: {args.samples:,} demo-distribution samples; best_fill max_wait = 4 x buffer")
+    columns = ("pack", "buffer", "strategy", "fill", "bound", "mean wait", "max wait", "us/pack")
+    print(" ".join(f"{name:>9}" for name in columns))
+    for pack_size in (8192, 4096):
+        lengths = np.minimum(np.random.default_rng(args.seed).choice(demo, size=args.samples), pack_size)
+        for buffer_size in (64, 16, 256):
+            for strategy in ("ffd", "best_fill"):
+                packer = run(lengths, pack_size, buffer_size, strategy)
+                values = (
+                    pack_size,
+                    buffer_size,
+                    strategy,
+                    f"{packer.fill():.2%}",
+                    f"{np.mean(packer.bounds):.2%}",
+                    f"{packer.mean_wait:.1f}",
+                    packer.counts["max_wait"],
+                    f"{packer.selection_s / packer.counts['packs'] * 1e6:.0f}",
+                )
+                print(" ".join(f"{value:>9}" for value in values))
+
+
+if __name__ == "__main__":
+    main()
