@@ -40,15 +40,7 @@ class Measured(OnlinePacker):
         return group
 
     def _pack(self, group):  # count only: building the THD tensors is not the subject here
-        self.step += 1
-        self.counts["packs"] += 1
-        self.counts["samples"] += len(group)
-        self.counts["tokens"] += sum(c.length for c in group)
-        for c in group:
-            wait = self.step - 1 - c.arrival
-            self.counts["waited"] += wait
-            self.counts["max_wait"] = max(self.counts["max_wait"], wait)
-        return None
+        self._record(group, tokens=sum(c.length for c in group))
 
 
 def run(lengths, pack_size, buffer_size, strategy):

@@ -119,7 +119,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     def _aligned(self, length: int) -> int:
         return -(-length // self.multiple) * self.multiple
 
-    def _admit(self, sample: dict[str, Any]) -> _Candidate | None:
+    def _admit(self, sample: dict[str, Any], arrival: int, *, count: bool = True) -> _Candidate | None:
+        """The candidate of a sample, after the long-sample policy (counted unless ``count`` is False)."""
         length = len(sample["input_ids"])
         if self._aligned(length) > self.pack_size:
             if self.long_samples == "error":
@@ -127,15 +128,15 @@ class OnlinePacker(torch.utils.data.IterableDataset):
                     f"sample {sample['key']!r} has {length} tokens, above the pack size {self.pack_size}"
                 )
             if self.long_samples == "drop":
-                self.counts["dropped"] += 1
+                self.counts["dropped"] += count
                 return None
-            self.counts["truncated"] += 1
+            self.counts["truncated"] += count
             keep = self.pack_size // self.multiple * self.multiple
             sample = {
                 k: v[:keep] if isinstance(v, torch.Tensor) and v.dim() == 1 else v for k, v in sample.items()
             }
             length = keep
-        return _Candidate(sample["key"], sample, self._aligned(length), self.step)
+        return _Candidate(sample["key"], sample, self._aligned(length), arrival)
 
     def _fill(self, stream: Iterator[dict[str, Any]]) -> bool:
         """Top the buffer up; False when the stream is exhausted."""
@@ -144,7 +145,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             if sample is None:
                 return False
             self.consumed += 1
-            candidate = self._admit(sample)
+            candidate = self._admit(sample, self.step)
             if candidate is not None:
                 self.buffer.append(candidate)
         return True
@@ -196,9 +197,6 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             row = {"input_ids": sample["input_ids"], "position_ids": torch.arange(len(sample["input_ids"]))}
             row |= {k: sample[k] for k in ("labels", "loss_mask") if sample.get(k) is not None}
             rows.append(row)
-            wait = self.step - candidate.arrival
-            self.counts["waited"] += wait
-            self.counts["max_wait"] = max(self.counts["max_wait"], wait)
         batch = build_thd_from_rows(
             rows,
             sequence_length=self.pack_size if self.pad_to_max_length else None,
@@ -209,11 +207,19 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             emit_padding_mask=True,
         )
         batch["keys"] = [c.key for c in group]
+        self._record(group, tokens=sum(len(row["input_ids"]) for row in rows))
+        return batch
+
+    def _record(self, group: list[_Candidate], tokens: int) -> None:
+        """Count an emitted pack: its samples, real tokens and the waits of its members."""
+        for candidate in group:
+            wait = self.step - candidate.arrival
+            self.counts["waited"] += wait
+            self.counts["max_wait"] = max(self.counts["max_wait"], wait)
         self.step += 1
         self.counts["packs"] += 1
         self.counts["samples"] += len(group)
-        self.counts["tokens"] += sum(len(row["input_ids"]) for row in rows)
-        return batch
+        self.counts["tokens"] += tokens
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         stream = iter(self.source(self.consumed))
@@ -268,22 +274,16 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             raise TightpackError("load_state_dict needs restore(key) to prepare the buffered samples again")
 
         def candidate(key: Any, arrival: int) -> _Candidate:
-            restored = self._admit_restored(self.restore(key))
-            return _Candidate(key, restored.sample, restored.length, arrival)
+            restored = self._admit(self.restore(key), arrival, count=False)  # counted when it first arrived
+            if restored is None:
+                raise TightpackError(f"restored sample {key!r} would be dropped: the data changed")
+            return restored
 
         self._reset()
         self.consumed, self.step = state["consumed"], state["step"]
         self.counts = dict(state["counts"])
         self.buffer = [candidate(key, arrival) for key, arrival in state["buffer"]]
         self.pending = [[candidate(key, arrival) for key, arrival in group] for group in state["pending"]]
-
-    def _admit_restored(self, sample: dict[str, Any]) -> _Candidate:
-        counts = dict(self.counts)  # truncation was counted when the sample first arrived
-        candidate = self._admit(sample)
-        self.counts = counts
-        if candidate is None:
-            raise TightpackError(f"restored sample {sample['key']!r} would be dropped: the data changed")
-        return candidate
 
     @property
     def mean_wait(self) -> float:
