@@ -18,7 +18,7 @@ def make_stream(count: int, seed: int, high: int = 300):
         for i, n in enumerate(lengths)
     ]
     by_key = {s["key"]: s for s in samples}
-    return samples, (lambda start: iter(samples[start:])), by_key.__getitem__
+    return samples, (lambda start, stride: iter(samples[start::stride])), by_key.__getitem__
 
 
 @pytest.mark.parametrize("strategy", ["best_fill", "ffd"])
@@ -69,7 +69,7 @@ def test_resume_yields_exactly_the_uninterrupted_packs(strategy, checkpoint):
     iterator = iter(first)
     head = [(p["keys"], p["input_ids"].tolist()) for _, p in zip(range(checkpoint), iterator, strict=False)]
     state = first.state_dict()
-    assert all(isinstance(key, str) for key, _ in state["buffer"])  # keys, not tensors
+    assert all(isinstance(key, str) for key, *_ in state["buffer"])  # keys, not tensors
     resumed = OnlinePacker(source, restore=restore, **settings)
     resumed.load_state_dict(state)
     assert head + [(p["keys"], p["input_ids"].tolist()) for p in resumed] == uninterrupted
@@ -85,15 +85,15 @@ def test_resume_with_other_settings_is_refused():
 
 def test_long_samples_are_counted():
     samples = [{"key": "a", "input_ids": torch.arange(50)}, {"key": "b", "input_ids": torch.arange(10)}]
-    truncate = OnlinePacker(lambda start: iter(samples[start:]), pack_size=32, packing_buffer_size=2)
+    truncate = OnlinePacker(lambda start, stride: iter(samples[start::stride]), pack_size=32, packing_buffer_size=2)
     packs = list(truncate)
     assert truncate.counts["truncated"] == 1 and sum(len(p["keys"]) for p in packs) == 2
     drop = OnlinePacker(
-        lambda start: iter(samples[start:]), pack_size=32, packing_buffer_size=2, long_samples="drop"
+        lambda start, stride: iter(samples[start::stride]), pack_size=32, packing_buffer_size=2, long_samples="drop"
     )
     assert [p["keys"] for p in drop] == [["b"]] and drop.counts["dropped"] == 1
     error = OnlinePacker(
-        lambda start: iter(samples[start:]), pack_size=32, packing_buffer_size=2, long_samples="error"
+        lambda start, stride: iter(samples[start::stride]), pack_size=32, packing_buffer_size=2, long_samples="error"
     )
     with pytest.raises(TightpackError, match="sample 'a' has 50 tokens, above the pack size 32"):
         list(error)
@@ -101,4 +101,122 @@ def test_long_samples_are_counted():
 
 def test_max_wait_below_the_buffer_is_refused():
     with pytest.raises(TightpackError, match=r"max_wait \(4\) must be at least packing_buffer_size \(8\)"):
-        OnlinePacker(lambda start: iter([]), pack_size=64, packing_buffer_size=8, max_wait=4)
+        OnlinePacker(lambda start, stride: iter([]), pack_size=64, packing_buffer_size=8, max_wait=4)
+
+
+class Stream:
+    """A picklable stream of ``count`` samples of random lengths, with an image tensor on every third."""
+
+    def __init__(self, count: int, seed: int, high: int = 300) -> None:
+        self.lengths = np.random.default_rng(seed).integers(1, high, count)
+
+    def sample(self, index: int) -> dict:
+        n = int(self.lengths[index])
+        sample = {"key": f"s{index}", "input_ids": torch.arange(n) + index, "loss_mask": torch.ones(n)}
+        if index % 3 == 0:
+            sample["pixel_values"] = torch.full((index % 7 + 1, 4), float(index))
+        return sample
+
+    def __call__(self, start: int, stride: int):
+        return (self.sample(i) for i in range(start, len(self.lengths), stride))
+
+    def restore(self, key: str) -> dict:
+        return self.sample(int(key[1:]))
+
+
+def loader_packs(loader) -> list[tuple[list[str], list[int]]]:
+    return [(pack["keys"], pack["input_ids"].tolist()) for pack in loader]
+
+
+def test_dataloader_workers_and_ranks_pack_their_own_shards():
+    stream = Stream(240, seed=6)
+    keys_by_rank = []
+    for rank in range(2):
+        packer = OnlinePacker(stream, restore=stream.restore, pack_size=1024, packing_buffer_size=8,
+                              rank=rank, world_size=2)  # fmt: skip
+        loader = torch.utils.data.DataLoader(packer, batch_size=None, num_workers=2)
+        packs = loader_packs(loader)
+        for keys, _ in packs:  # shard of rank r, worker w: positions r * 2 + w modulo 4
+            assert len({int(key[1:]) % 4 for key in keys}) == 1
+            assert {int(key[1:]) % 4 for key in keys} <= {rank * 2, rank * 2 + 1}
+        keys_by_rank.append([key for keys, _ in packs for key in keys])
+    assert sorted(keys_by_rank[0] + keys_by_rank[1]) == sorted(f"s{i}" for i in range(240))
+
+
+@pytest.mark.parametrize("strategy", ["best_fill", "ffd"])
+def test_stateful_dataloader_with_workers_resumes_exactly(strategy):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    stream = Stream(300, seed=7)
+
+    def loader():
+        packer = OnlinePacker(stream, restore=stream.restore, pack_size=1024, packing_buffer_size=10,
+                              strategy=strategy, pad_to_multiple_of=4, data_id="stream-7")  # fmt: skip
+        return stateful.StatefulDataLoader(packer, batch_size=None, num_workers=2)
+
+    uninterrupted = loader_packs(loader())
+    for checkpoint in (3, 20):
+        first = loader()
+        iterator = iter(first)
+        head = [(p["keys"], p["input_ids"].tolist()) for _, p in zip(range(checkpoint), iterator, strict=False)]
+        state = first.state_dict()
+        del iterator
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert head + loader_packs(resumed) == uninterrupted
+
+
+def test_resume_checks_the_shard_layout_and_the_data():
+    stream = Stream(100, seed=8)
+    settings = {"restore": stream.restore, "pack_size": 1024, "packing_buffer_size": 8, "data_id": "a"}
+    packer = OnlinePacker(stream, **settings)
+    next(iter(packer))
+    state = packer.state_dict()
+
+    other_layout = dict(state, shard=[1, 2])  # as saved by worker 1 of 2
+    resumed = OnlinePacker(stream, **settings)
+    resumed.load_state_dict(other_layout)
+    with pytest.raises(TightpackError, match="saved by shard 1 of 2 .* loaded in shard 0 of 1"):
+        next(iter(resumed))
+
+    with pytest.raises(TightpackError, match="data_id saved 'a' now 'b'"):
+        OnlinePacker(stream, **(settings | {"data_id": "b"})).load_state_dict(state)
+
+    changed = Stream(100, seed=9)  # same keys, other lengths
+    with pytest.raises(TightpackError, match=r"restored sample 's\d+' has \d+ tokens, saved with \d+"):
+        OnlinePacker(changed, **(settings | {"restore": changed.restore})).load_state_dict(state)
+
+
+def test_visual_tensors_travel_with_their_sample_and_memory_is_reported():
+    stream = Stream(60, seed=10)
+    packer = OnlinePacker(stream, restore=stream.restore, pack_size=512, packing_buffer_size=6)
+    for pack in packer:
+        members = [stream.sample(int(key[1:])) for key in pack["keys"]]
+        images = [m["pixel_values"] for m in members if "pixel_values" in m]
+        if images:
+            assert torch.equal(pack["pixel_values"], torch.cat(images))
+        else:
+            assert "pixel_values" not in pack
+    largest = max(
+        sum(v.nbytes for v in stream.sample(i).values() if isinstance(v, torch.Tensor)) for i in range(60)
+    )
+    assert packer.counts["held_bytes"] == 0  # everything emitted
+    assert 0 < packer.counts["peak_held_bytes"] <= 6 * largest
+
+
+def test_best_fill_fills_better_than_ffd_on_a_heavy_tailed_stream():
+    lengths = np.minimum(np.random.default_rng(11).lognormal(4.5, 1.3, 3000).astype(int) + 1, 2048)
+    samples = [{"key": i, "input_ids": torch.zeros(int(n), dtype=torch.long)} for i, n in enumerate(lengths)]
+    fills = {}
+    for strategy in ("ffd", "best_fill"):
+        packer = OnlinePacker(lambda start, stride: iter(samples[start::stride]), pack_size=2048,
+                              packing_buffer_size=32, strategy=strategy)  # fmt: skip
+        assert sum(len(pack["keys"]) for pack in packer) == len(samples)
+        fills[strategy] = packer.fill()
+    assert fills["best_fill"] > fills["ffd"] + 0.03, fills
+    assert packer.counts["max_wait"] <= 4 * 32
+
+
+def test_a_second_pass_over_a_finite_stream_starts_again():
+    samples, source, restore = make_stream(30, seed=12)
+    packer = OnlinePacker(source, restore=restore, pack_size=512, packing_buffer_size=4)
+    assert [p["keys"] for p in packer] == [p["keys"] for p in packer]

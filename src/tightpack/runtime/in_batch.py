@@ -20,12 +20,15 @@ from typing import Any
 import torch
 
 __all__ = [
+    "VISUAL_KEYS",
     "build_thd_from_rows",
     "pack_right_padded_batch",
+    "pack_samples",
     "pad_or_truncate_batch",
     "prepare_sequence_batch",
 ]
 
+VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 _STANDARD = ("position_ids", "labels", "loss_mask", "attention_mask", "padding_mask")
 _OPTIONAL = ("labels", "loss_mask")
 
@@ -152,6 +155,47 @@ def build_thd_from_rows(
     longest = torch.tensor(max(padded), dtype=torch.int32)
     packed.update(max_seqlen_q=longest, max_seqlen_kv=longest, total_tokens=total)
     return packed
+
+
+def pack_samples(
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    sequence_length: int | None = None,
+    pad_token_id: int = 0,
+    ignore_index: int = -100,
+    pad_to_multiple_of: int = 1,
+    pad_to_max_length: bool = False,
+) -> dict[str, Any]:
+    """Pack prepared samples (1-D ``input_ids``, optional ``labels`` / ``loss_mask``) into one THD row.
+
+    The row and boundaries are `build_thd_from_rows`'s, with positions restarting at every sample
+    and a ``padding_mask``; each visual key of `VISUAL_KEYS` that some sample holds is concatenated
+    along dim 0 in member order (samples without it add nothing).
+
+    >>> batch = pack_samples([{"input_ids": torch.tensor([7, 8, 9])},
+    ...                       {"input_ids": torch.tensor([5]), "pixel_values": torch.ones(2, 3)}])
+    >>> batch["input_ids"].tolist(), batch["cu_seqlens_q"].tolist(), tuple(batch["pixel_values"].shape)
+    ([[7, 8, 9, 5]], [0, 3, 4], (2, 3))
+    """
+    rows = []
+    for sample in samples:
+        row = {"input_ids": sample["input_ids"], "position_ids": torch.arange(len(sample["input_ids"]))}
+        row |= {key: sample[key] for key in _OPTIONAL if sample.get(key) is not None}
+        rows.append(row)
+    batch = build_thd_from_rows(
+        rows,
+        sequence_length=sequence_length,
+        pad_token_id=pad_token_id,
+        ignore_index=ignore_index,
+        pad_to_multiple_of=pad_to_multiple_of,
+        pad_to_max_length=pad_to_max_length,
+        emit_padding_mask=True,
+    )
+    for key in VISUAL_KEYS:
+        present = [sample[key] for sample in samples if sample.get(key) is not None]
+        if present:
+            batch[key] = torch.cat(present, dim=0)
+    return batch
 
 
 def _ranks(counts: torch.Tensor) -> torch.Tensor:

@@ -6,17 +6,24 @@ and carrying its members' keys. Strategies:
 
 - ``ffd`` (the reference's semantics): when no groups are pending, first-fit-decreasing over the
   whole buffer; the groups are then emitted one per step before any new sample is read.
-- ``best_fill`` (default): leftovers stay in the buffer; every step emits one pack filled as well as
-  the buffer allows (largest samples first), after the samples whose deadline is near. A sample that
-  arrived at step ``a`` is emitted by step ``a + max_wait``: samples are forced into packs earliest
-  deadline first as soon as their slack reaches their rank among the deadlines, and with
-  ``max_wait >= packing_buffer_size`` that always leaves room (at most one forced sample per step is
-  ever needed, and any sample fits a pack).
+- ``best_fill`` (default): leftovers stay in the buffer; every step emits the fullest pack the buffer
+  allows (an exact subset sum, `tightpack.core.subset_fill.best_subset`). Among the fullest packs it
+  takes one holding the oldest sample when there is one, and otherwise the one with the shortest
+  samples: old samples leave in arrival order and the buffer keeps enough tokens to fill the next
+  packs. A sample that arrived at step ``a`` is emitted by step ``a + max_wait``: samples are forced
+  into packs earliest deadline first as soon as their slack reaches their rank among the deadlines,
+  and with ``max_wait >= packing_buffer_size`` that always leaves room (at most one forced sample per
+  step is ever needed, and any sample fits a pack).
+
+Inside a ``DataLoader`` with workers, worker ``w`` of ``W`` on data-parallel rank ``r`` of ``R`` packs
+its own shard: the samples at positions ``r * W + w`` modulo ``R * W`` of the stream.
 
 Nothing is dropped (except by the ``drop`` long-sample policy, counted): a finite stream is flushed.
-`state_dict` holds keys, arrival steps and counters, never tensors; `load_state_dict` restores the
-buffer through ``restore(key)`` and restarts the source after the samples already read, so a
-restored packer yields exactly the packs an uninterrupted one would.
+`state_dict` holds keys, lengths, arrival steps and counters, never tensors; `load_state_dict`
+restores the buffer through ``restore(key)`` and restarts the source after the samples already read,
+so a restored packer yields exactly the packs an uninterrupted one would. It refuses a state saved
+with other settings, another shard layout (data-parallel size, worker count) or other data (a
+restored sample of another length, or another ``data_id``).
 """
 
 from __future__ import annotations
@@ -25,12 +32,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from tightpack.core.planner import plan_packs
+from tightpack.core.subset_fill import best_subset
 from tightpack.errors import TightpackError
-from tightpack.runtime.in_batch import build_thd_from_rows
+from tightpack.runtime.in_batch import pack_samples
 
 __all__ = ["OnlinePacker"]
 
@@ -43,27 +50,44 @@ class _Candidate:
     sample: dict[str, Any]
     length: int  # aligned length
     arrival: int  # step at which it entered the buffer
+    tokens: int  # length as read, before truncation and alignment
+    nbytes: int  # host memory held by its tensors
 
 
 class OnlinePacker(torch.utils.data.IterableDataset):
     """Pack a stream online, one pack per step.
 
     Args:
-        source: ``source(start)`` yields the samples of the stream from position ``start`` on; each
-            sample is a mapping with ``key`` and a 1-D ``input_ids`` tensor (optionally ``labels``,
-            ``loss_mask``).
+        source: ``source(start, stride)`` yields the samples at positions ``start, start + stride, ...``
+            of the stream; each sample is a mapping with ``key`` and a 1-D ``input_ids`` tensor
+            (optionally ``labels``, ``loss_mask`` and the visual tensors of
+            `tightpack.runtime.in_batch.VISUAL_KEYS`). Prepare samples lazily in it: a worker only
+            reads its own positions.
         restore: ``restore(key)`` prepares the sample with that key again (for `load_state_dict`).
         pack_size: tokens per pack.
-        packing_buffer_size: candidates kept.
+        packing_buffer_size: candidates kept (per worker).
         strategy: ``best_fill`` or ``ffd``.
         max_wait: steps a sample may wait (``best_fill``); default ``4 * packing_buffer_size``.
         pad_to_multiple_of, pad_to_max_length: alignment of every sample, and a fixed pack width.
         long_samples: samples whose aligned length exceeds the pack size: ``truncate``, ``drop``, ``error``.
+        rank, world_size: this data-parallel rank and their number; each rank packs its own shard.
+        data_id: names the stream (dataset, split, shuffle seed); a state saved under another is refused.
+        pack_fn: builds a batch from the member samples, with the keyword arguments of
+            `tightpack.runtime.in_batch.pack_samples` (the default); for Qwen2-VL positions pass
+            ``functools.partial(pack_vlm_samples, image_token_id=...)``.
+
+    Each pack is a THD batch ``[1, T]`` with ``keys``, its members' keys in order.
+
+    >>> samples = [{"key": i, "input_ids": torch.arange(n)} for i, n in enumerate([5, 3, 4, 2])]
+    >>> packer = OnlinePacker(lambda start, stride: iter(samples[start::stride]), pack_size=8,
+    ...                       packing_buffer_size=4)
+    >>> [pack["keys"] for pack in packer]
+    [[0, 1], [2, 3]]
     """
 
     def __init__(
         self,
-        source: Callable[[int], Iterator[dict[str, Any]]],
+        source: Callable[[int, int], Iterator[dict[str, Any]]],
         *,
         restore: Callable[[Any], dict[str, Any]] | None = None,
         pack_size: int,
@@ -75,6 +99,10 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         long_samples: Literal["truncate", "drop", "error"] = "truncate",
         pad_token_id: int = 0,
         ignore_index: int = -100,
+        rank: int = 0,
+        world_size: int = 1,
+        data_id: str | None = None,
+        pack_fn: Callable[..., dict[str, Any]] = pack_samples,
     ) -> None:
         if strategy not in ("best_fill", "ffd"):
             raise TightpackError(f"strategy must be best_fill or ffd, got {strategy!r}")
@@ -91,17 +119,22 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             )
         if long_samples not in ("truncate", "drop", "error"):
             raise TightpackError(f"long_samples must be truncate, drop or error, got {long_samples!r}")
-        self.source, self.restore = source, restore
+        if not 0 <= rank < world_size:
+            raise TightpackError(f"rank ({rank}) must be in [0, world_size={world_size})")
+        self.source, self.restore, self.pack_fn = source, restore, pack_fn
         self.pack_size, self.buffer_size = pack_size, packing_buffer_size
         self.strategy, self.max_wait = strategy, max_wait
         self.multiple, self.pad_to_max_length = pad_to_multiple_of, pad_to_max_length
         self.long_samples = long_samples
         self.pad_token_id, self.ignore_index = pad_token_id, ignore_index
+        self.rank, self.world_size, self.data_id = rank, world_size, data_id
+        self._resumed_shard: tuple[int, int] | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self.consumed = 0  # samples read from the source
+        self.consumed = 0  # samples of this shard read from the source
         self.step = 0  # packs emitted
+        self.exhausted = False
         self.buffer: list[_Candidate] = []
         self.pending: list[list[_Candidate]] = []
         self.counts = {
@@ -112,7 +145,15 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             "tokens": 0,
             "waited": 0,
             "max_wait": 0,
+            "held_bytes": 0,
+            "peak_held_bytes": 0,
         }
+
+    def shard(self) -> tuple[int, int]:
+        """``(shard, shards)`` of the calling process: data-parallel rank and DataLoader worker."""
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.rank * workers + worker, self.world_size * workers
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -121,11 +162,12 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     def _admit(self, sample: dict[str, Any], arrival: int, *, count: bool = True) -> _Candidate | None:
         """The candidate of a sample, after the long-sample policy (counted unless ``count`` is False)."""
-        length = len(sample["input_ids"])
+        tokens = length = len(sample["input_ids"])
         if self._aligned(length) > self.pack_size:
             if self.long_samples == "error":
                 raise TightpackError(
-                    f"sample {sample['key']!r} has {length} tokens, above the pack size {self.pack_size}"
+                    f"sample {sample['key']!r} has {length} tokens, above the pack size {self.pack_size}; "
+                    "raise pack_size or choose long_samples='truncate' or 'drop'"
                 )
             if self.long_samples == "drop":
                 self.counts["dropped"] += count
@@ -136,7 +178,13 @@ class OnlinePacker(torch.utils.data.IterableDataset):
                 k: v[:keep] if isinstance(v, torch.Tensor) and v.dim() == 1 else v for k, v in sample.items()
             }
             length = keep
-        return _Candidate(sample["key"], sample, self._aligned(length), arrival)
+        nbytes = sum(v.nbytes for v in sample.values() if isinstance(v, torch.Tensor))
+        return _Candidate(sample["key"], sample, self._aligned(length), arrival, tokens, nbytes)
+
+    def _hold(self, candidate: _Candidate) -> None:
+        self.buffer.append(candidate)
+        self.counts["held_bytes"] += candidate.nbytes
+        self.counts["peak_held_bytes"] = max(self.counts["peak_held_bytes"], self.counts["held_bytes"])
 
     def _fill(self, stream: Iterator[dict[str, Any]]) -> bool:
         """Top the buffer up; False when the stream is exhausted."""
@@ -147,7 +195,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             self.consumed += 1
             candidate = self._admit(sample, self.step)
             if candidate is not None:
-                self.buffer.append(candidate)
+                self._hold(candidate)
         return True
 
     # -- selection ----------------------------------------------------------------------------------
@@ -167,15 +215,15 @@ class OnlinePacker(torch.utils.data.IterableDataset):
                 chosen.append(candidate)
                 room -= candidate.length
         taken = {id(c) for c in chosen}
-        rest = [c for c in self.buffer if id(c) not in taken and c.length <= room]
-        if rest and room:
-            # Pack the rest into bins of the room left, best fit, and take the fullest bin: big samples
-            # leave with small ones, so the buffer keeps a mix and stays able to fill the next packs.
-            plan = plan_packs([c.length for c in rest], room, algorithm="bfd")
-            loads = plan.pack_loads(np.array([c.length for c in rest]))
-            best = plan[int(np.argmax(loads))]
-            chosen.extend(rest[i] for i in best.tolist())
-            taken.update(id(rest[i]) for i in best.tolist())
+        oldest = next((c for c in by_deadline if id(c) not in taken and c.length <= room), None)
+        if oldest is not None:
+            rest = sorted(
+                (c for c in self.buffer if id(c) not in taken and c.length <= room),
+                key=lambda c: (c.length, c.arrival, str(c.key)),
+            )
+            best = best_subset([c.length for c in rest], room, first=rest.index(oldest))
+            taken.update(id(rest[i]) for i in best)
+        chosen = [c for c in self.buffer if id(c) in taken]  # members in arrival order
         self.buffer = [c for c in self.buffer if id(c) not in taken]
         return chosen
 
@@ -191,38 +239,43 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     # -- emission -----------------------------------------------------------------------------------
 
     def _pack(self, group: list[_Candidate]) -> dict[str, Any]:
-        rows = []
-        for candidate in group:
-            sample = candidate.sample
-            row = {"input_ids": sample["input_ids"], "position_ids": torch.arange(len(sample["input_ids"]))}
-            row |= {k: sample[k] for k in ("labels", "loss_mask") if sample.get(k) is not None}
-            rows.append(row)
-        batch = build_thd_from_rows(
-            rows,
+        samples = [candidate.sample for candidate in group]
+        batch = self.pack_fn(
+            samples,
             sequence_length=self.pack_size if self.pad_to_max_length else None,
             pad_token_id=self.pad_token_id,
             ignore_index=self.ignore_index,
             pad_to_multiple_of=self.multiple,
             pad_to_max_length=self.pad_to_max_length,
-            emit_padding_mask=True,
         )
         batch["keys"] = [c.key for c in group]
-        self._record(group, tokens=sum(len(row["input_ids"]) for row in rows))
+        self._record(group, tokens=sum(len(sample["input_ids"]) for sample in samples))
         return batch
 
     def _record(self, group: list[_Candidate], tokens: int) -> None:
-        """Count an emitted pack: its samples, real tokens and the waits of its members."""
+        """Count an emitted pack: its samples, real tokens, the waits of its members, memory released."""
         for candidate in group:
             wait = self.step - candidate.arrival
             self.counts["waited"] += wait
             self.counts["max_wait"] = max(self.counts["max_wait"], wait)
+            self.counts["held_bytes"] -= candidate.nbytes
         self.step += 1
         self.counts["packs"] += 1
         self.counts["samples"] += len(group)
         self.counts["tokens"] += tokens
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        stream = iter(self.source(self.consumed))
+        shard, shards = self.shard()
+        if self._resumed_shard not in (None, (shard, shards)):
+            saved, saved_shards = self._resumed_shard
+            raise TightpackError(
+                f"the state was saved by shard {saved} of {saved_shards} (data-parallel ranks x DataLoader "
+                f"workers) and is loaded in shard {shard} of {shards}: resume with the same world size and "
+                "num_workers"
+            )
+        if self.exhausted:  # a new pass over a finite stream
+            self._reset()
+        stream = iter(self.source(shard + self.consumed * shards, shards))
         stream_open = True
         while True:
             if stream_open and not self.pending:
@@ -230,6 +283,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             group = self._next_group(stream_open)
             if group is None:
                 if not stream_open and not self.buffer and not self.pending:
+                    self.exhausted = True
                     return
                 continue
             yield self._pack(group)
@@ -245,23 +299,28 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             "pad_to_multiple_of": self.multiple,
             "pad_to_max_length": self.pad_to_max_length,
             "long_samples": self.long_samples,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "data_id": self.data_id,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Keys, arrival steps and counters: everything needed to continue exactly, and no tensor."""
+        """Keys, lengths, arrival steps and counters: everything needed to continue exactly, and no tensor."""
         return {
             "settings": self._settings(),
+            "shard": list(self.shard()),
             "consumed": self.consumed,
             "step": self.step,
-            "buffer": [(c.key, c.arrival) for c in self.buffer],
-            "pending": [[(c.key, c.arrival) for c in group] for group in self.pending],
+            "exhausted": self.exhausted,
+            "buffer": [(c.key, c.tokens, c.arrival) for c in self.buffer],
+            "pending": [[(c.key, c.tokens, c.arrival) for c in group] for group in self.pending],
             "counts": dict(self.counts),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a `state_dict`; the settings must be the ones it was saved with."""
+        """Continue from a `state_dict` saved with the same settings, shard layout and data."""
         differences = {
-            name: (saved, self._settings()[name])
+            name: (saved, self._settings().get(name))
             for name, saved in state["settings"].items()
             if self._settings().get(name) != saved
         }
@@ -269,24 +328,35 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             listed = ", ".join(
                 f"{name} saved {old!r} now {new!r}" for name, (old, new) in differences.items()
             )
-            raise TightpackError(f"cannot resume the online packer with different settings: {listed}")
+            raise TightpackError(
+                f"cannot resume the online packer with different settings: {listed}; resume with the "
+                "saved ones"
+            )
         if (state["buffer"] or state["pending"]) and self.restore is None:
             raise TightpackError("load_state_dict needs restore(key) to prepare the buffered samples again")
 
-        def candidate(key: Any, arrival: int) -> _Candidate:
-            restored = self._admit(self.restore(key), arrival, count=False)  # counted when it first arrived
+        def candidate(key: Any, tokens: int, arrival: int) -> _Candidate:
+            sample = self.restore(key)
+            if len(sample["input_ids"]) != tokens:
+                raise TightpackError(
+                    f"restored sample {key!r} has {len(sample['input_ids'])} tokens, saved with {tokens}: "
+                    "the data or its preparation changed since the checkpoint"
+                )
+            restored = self._admit(sample, arrival, count=False)  # counted when it first arrived
             if restored is None:
                 raise TightpackError(f"restored sample {key!r} would be dropped: the data changed")
             return restored
 
         self._reset()
-        self.consumed, self.step = state["consumed"], state["step"]
+        self.consumed, self.step, self.exhausted = state["consumed"], state["step"], state["exhausted"]
         self.counts = dict(state["counts"])
-        self.buffer = [candidate(key, arrival) for key, arrival in state["buffer"]]
-        self.pending = [[candidate(key, arrival) for key, arrival in group] for group in state["pending"]]
+        self.buffer = [candidate(*saved) for saved in state["buffer"]]
+        self.pending = [[candidate(*saved) for saved in group] for group in state["pending"]]
+        self._resumed_shard = tuple(state["shard"])
 
     @property
     def mean_wait(self) -> float:
+        """Mean steps between a sample's arrival and its pack."""
         return self.counts["waited"] / max(self.counts["samples"], 1)
 
     def fill(self) -> float:

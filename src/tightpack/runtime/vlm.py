@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tightpack.runtime.in_batch import build_thd_from_rows
+from tightpack.runtime.in_batch import VISUAL_KEYS, pack_samples
 
 __all__ = [
     "VISUAL_KEYS",
@@ -133,9 +133,6 @@ def repack_position_ids(
     return out
 
 
-VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-
-
 def visual_token_counts(grid_thw: torch.Tensor, merge_size: int) -> torch.Tensor:
     """Language-model tokens of each image or video: ``t * h * w / merge_size**2`` (int64 ``[n]``)."""
     grid_thw = torch.as_tensor(grid_thw).reshape(-1, 3).long()
@@ -230,20 +227,13 @@ def pack_vlm_samples(
     `build_thd_from_rows`, ``mrope_position_ids`` ``[3, 1, T]`` (each sequence's `qwen_vl_positions`,
     alignment gaps at 0), and every visual key concatenated along dim 0 in member order.
     """
-    rows = []
-    for sample in samples:
-        ids = sample["input_ids"]
-        row = {"input_ids": ids, "position_ids": torch.arange(len(ids))}
-        row |= {key: sample[key] for key in ("labels", "loss_mask") if sample.get(key) is not None}
-        rows.append(row)
-    batch = build_thd_from_rows(
-        rows,
+    batch = pack_samples(
+        samples,
         sequence_length=sequence_length,
         pad_token_id=pad_token_id,
         ignore_index=ignore_index,
         pad_to_multiple_of=pad_to_multiple_of,
         pad_to_max_length=pad_to_max_length,
-        emit_padding_mask=True,
     )
     positions = [
         qwen_vl_positions(
@@ -261,8 +251,4 @@ def pack_vlm_samples(
     stacked = torch.stack([torch.nn.functional.pad(p, (0, longest - p.shape[1])) for p in positions], dim=1)
     padded = batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"]).long()
     batch["mrope_position_ids"] = repack_position_ids(stacked, padded[:-1], lengths, batch["total_tokens"])
-    for key in VISUAL_KEYS:
-        present = [sample[key] for sample in samples if sample.get(key) is not None]
-        if present:
-            batch[key] = torch.cat(present, dim=0)
     return batch
