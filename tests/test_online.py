@@ -85,15 +85,23 @@ def test_resume_with_other_settings_is_refused():
 
 def test_long_samples_are_counted():
     samples = [{"key": "a", "input_ids": torch.arange(50)}, {"key": "b", "input_ids": torch.arange(10)}]
-    truncate = OnlinePacker(lambda start, stride: iter(samples[start::stride]), pack_size=32, packing_buffer_size=2)
+    truncate = OnlinePacker(
+        lambda start, stride: iter(samples[start::stride]), pack_size=32, packing_buffer_size=2
+    )
     packs = list(truncate)
     assert truncate.counts["truncated"] == 1 and sum(len(p["keys"]) for p in packs) == 2
     drop = OnlinePacker(
-        lambda start, stride: iter(samples[start::stride]), pack_size=32, packing_buffer_size=2, long_samples="drop"
+        lambda start, stride: iter(samples[start::stride]),
+        pack_size=32,
+        packing_buffer_size=2,
+        long_samples="drop",
     )
     assert [p["keys"] for p in drop] == [["b"]] and drop.counts["dropped"] == 1
     error = OnlinePacker(
-        lambda start, stride: iter(samples[start::stride]), pack_size=32, packing_buffer_size=2, long_samples="error"
+        lambda start, stride: iter(samples[start::stride]),
+        pack_size=32,
+        packing_buffer_size=2,
+        long_samples="error",
     )
     with pytest.raises(TightpackError, match="sample 'a' has 50 tokens, above the pack size 32"):
         list(error)
@@ -157,7 +165,9 @@ def test_stateful_dataloader_with_workers_resumes_exactly(strategy):
     for checkpoint in (3, 20):
         first = loader()
         iterator = iter(first)
-        head = [(p["keys"], p["input_ids"].tolist()) for _, p in zip(range(checkpoint), iterator, strict=False)]
+        head = [
+            (p["keys"], p["input_ids"].tolist()) for _, p in zip(range(checkpoint), iterator, strict=False)
+        ]
         state = first.state_dict()
         del iterator
         resumed = loader()
@@ -175,7 +185,7 @@ def test_resume_checks_the_shard_layout_and_the_data():
     other_layout = dict(state, shard=[1, 2])  # as saved by worker 1 of 2
     resumed = OnlinePacker(stream, **settings)
     resumed.load_state_dict(other_layout)
-    with pytest.raises(TightpackError, match="saved by shard 1 of 2 .* loaded in shard 0 of 1"):
+    with pytest.raises(TightpackError, match=r"saved by shard 1 of 2 .* loaded in shard 0 of 1"):
         next(iter(resumed))
 
     with pytest.raises(TightpackError, match="data_id saved 'a' now 'b'"):
@@ -217,6 +227,6 @@ def test_best_fill_fills_better_than_ffd_on_a_heavy_tailed_stream():
 
 
 def test_a_second_pass_over_a_finite_stream_starts_again():
-    samples, source, restore = make_stream(30, seed=12)
+    _, source, restore = make_stream(30, seed=12)
     packer = OnlinePacker(source, restore=restore, pack_size=512, packing_buffer_size=4)
     assert [p["keys"] for p in packer] == [p["keys"] for p in packer]

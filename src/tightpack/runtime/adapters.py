@@ -17,7 +17,7 @@ import torch
 
 from tightpack.errors import TightpackError
 
-__all__ = ["PackedSeqParams", "to_packed_seq_params"]
+__all__ = ["PackedSeqParams", "physical_boundaries", "to_packed_seq_params"]
 
 
 @dataclasses.dataclass
@@ -73,6 +73,25 @@ def _trim(boundaries: torch.Tensor, argmin: Any, name: str) -> torch.Tensor:
         )
     negative = torch.nonzero(row < 0)
     return row[: int(negative[0, 0])] if len(negative) else row
+
+
+def physical_boundaries(batch: Mapping[str, Any]) -> torch.Tensor:
+    """Physical (aligned) boundaries of one packed row, 1-D int32, in either key schema.
+
+    ``cu_seqlens_q_padded`` when present, else ``cu_seqlens_q``; legacy ``cu_seqlens`` without its
+    ``-1`` padding.
+
+    >>> physical_boundaries({"cu_seqlens_q": torch.tensor([0, 3, 5]),
+    ...                      "cu_seqlens_q_padded": torch.tensor([0, 4, 8])}).tolist()
+    [0, 4, 8]
+    """
+    if batch.get("cu_seqlens_q_padded") is not None:
+        return _row(batch["cu_seqlens_q_padded"], "cu_seqlens_q_padded")
+    if batch.get("cu_seqlens_q") is not None:
+        return _row(batch["cu_seqlens_q"], "cu_seqlens_q")
+    if batch.get("cu_seqlens") is not None:
+        return _trim(batch["cu_seqlens"], batch.get("cu_seqlens_argmin"), "cu_seqlens")
+    raise TightpackError("the batch has no packed boundaries: expected cu_seqlens_q or legacy cu_seqlens")
 
 
 def to_packed_seq_params(batch: Mapping[str, Any], *, megatron: bool | None = None):

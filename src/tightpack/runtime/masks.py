@@ -22,19 +22,9 @@ from typing import Any
 import torch
 
 from tightpack.errors import TightpackError
+from tightpack.runtime.adapters import physical_boundaries
 
 __all__ = ["additive_mask", "document_ids", "flash_varlen_attention", "flex_block_mask", "sdpa_mask"]
-
-
-def _physical_boundaries(batch: Mapping[str, Any]) -> torch.Tensor:
-    bounds = batch.get("cu_seqlens_q_padded")
-    bounds = batch["cu_seqlens_q"] if bounds is None else bounds
-    bounds = bounds.squeeze()
-    if bounds.dim() != 1:
-        raise TightpackError(
-            f"masks are built for one packed row; got boundaries of shape {tuple(bounds.shape)}"
-        )
-    return bounds.long()
 
 
 def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
@@ -43,7 +33,7 @@ def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
     >>> document_ids({"cu_seqlens_q": torch.tensor([[0, 2, 5]])}).tolist()
     [0, 0, 1, 1, 1]
     """
-    bounds = _physical_boundaries(batch)
+    bounds = physical_boundaries(batch).long()
     return torch.repeat_interleave(torch.arange(len(bounds) - 1, device=bounds.device), bounds.diff())
 
 
@@ -91,6 +81,6 @@ def flash_varlen_attention(
         raise TightpackError(
             "flash_varlen_attention needs the flash-attn package (CUDA): pip install flash-attn"
         ) from error
-    bounds = _physical_boundaries(batch).to(device=q.device, dtype=torch.int32)
+    bounds = physical_boundaries(batch).to(device=q.device)
     longest = int(bounds.diff().max())
     return flash_attn_varlen_func(q, k, v, bounds, bounds, longest, longest, causal=True, **kwargs)
