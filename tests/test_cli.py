@@ -111,12 +111,16 @@ class TestPack:
         digests = []
         for workers in (1, 2):
             out = tmp_path / f"out{workers}"
-            result = run_cli(
-                "pack", corpus, "-o", out, "--pack-size", 128, "--workers", workers, cwd=tmp_path
-            )
+            args = ("pack", corpus, "-o", out, "--pack-size", 128, "--workers", workers, "--no-reuse")
+            result = run_cli(*args, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
+            assert "token store reused" not in result.stdout  # both runs tokenized
             digests.append(json.loads((out / "manifest.json").read_text())["files"])
         assert digests[0] == digests[1]
+        for name in ("first", "again"):  # the first run with reuse caches the store, the second reuses it
+            again = run_cli("pack", corpus, "-o", tmp_path / name, "--pack-size", 128, "--workers", 1,
+                            cwd=tmp_path)  # fmt: skip
+        assert "(token store reused)" in summary_value(again.stdout, "time tokenize")
 
     def test_skip_bad_lines_counts_and_lists_them(self, tmp_path, bad_inputs):
         result = run_cli(

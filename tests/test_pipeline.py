@@ -183,18 +183,35 @@ def test_long_samples_drop_and_error(tmp_path, gpt2):
     assert not (tmp_path / "error").exists()
 
 
-def test_output_is_identical_for_any_worker_count(tmp_path, chat_rows):
+def test_output_is_identical_for_any_worker_count_and_run(tmp_path, chat_rows):
     source = write_jsonl(tmp_path / "chat.jsonl", chat_rows * 20)  # several chunks
     digests = []
-    for workers in (1, 2, 3):
-        out = tmp_path / f"out{workers}"
-        pack_dataset(
-            [source],
-            out,
-            PackConfig(packed_sequence_size=512, workers=workers, algorithm="first_fit_shuffle"),
-        )
+    for run, workers in enumerate((1, 2, 4, 1)):  # the last one repeats the first
+        out = tmp_path / f"out{run}"
+        config = PackConfig(packed_sequence_size=512, workers=workers, algorithm="first_fit_shuffle",
+                            reuse_store=False)  # fmt: skip
+        assert not pack_dataset([source], out, config).reused_store
         digests.append([(p.name, p.read_bytes()) for p in sorted(out.iterdir())])
-    assert digests[0] == digests[1] == digests[2]
+    assert digests[0] == digests[1] == digests[2] == digests[3]
+
+
+def test_a_repeated_pack_reuses_the_token_store_until_an_input_changes(tmp_path, chat_rows, monkeypatch):
+    monkeypatch.setenv("TIGHTPACK_CACHE", str(tmp_path / "cache"))
+    source = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    first = pack_dataset([source], tmp_path / "a", PackConfig(packed_sequence_size=256))
+    again = pack_dataset([source], tmp_path / "b", PackConfig(packed_sequence_size=256))
+    assert not first.reused_store and again.reused_store
+    assert [p.read_bytes() for p in sorted((tmp_path / "a").iterdir())] == [
+        p.read_bytes() for p in sorted((tmp_path / "b").iterdir())
+    ]
+    repacked = pack_dataset([source], tmp_path / "c", PackConfig(packed_sequence_size=512))  # packing only
+    assert repacked.reused_store
+    other_format = PackConfig(packed_sequence_size=256, format=FormatConfig(format="chat", loss_on="all"))
+    assert not pack_dataset([source], tmp_path / "d", other_format).reused_store
+    write_jsonl(source, chat_rows[:-1])  # the input changed
+    assert not pack_dataset([source], tmp_path / "e", PackConfig(packed_sequence_size=256)).reused_store
+    stores = [p for p in (tmp_path / "cache" / "stores").iterdir() if not p.name.startswith(".")]
+    assert len(stores) == 3 and not list((tmp_path / "cache" / "stores").glob(".partial-*"))
 
 
 def test_parquet_and_dataset_inputs_and_several_files(tmp_path, gpt2, prompt_completion_rows):

@@ -1,4 +1,4 @@
-"""The ``tightpack`` command line: ``pack`` and ``inspect``.
+"""The ``tightpack`` command line: ``pack``, ``inspect``, ``verify`` and ``validate``.
 
 User errors (`TightpackError`, bad options) print one line on stderr and exit with status 2; there is
 no traceback for them. Progress goes to stderr, results to stdout.
@@ -126,6 +126,13 @@ def pack(
         int | None, typer.Option(help="Tokenization processes (default: the CPU count).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of first_fit_shuffle.")] = 0,
+    reuse: Annotated[
+        bool,
+        typer.Option(
+            "--reuse/--no-reuse",
+            help="Reuse the cached token store of the same inputs, tokenizer and format ($TIGHTPACK_CACHE).",
+        ),
+    ] = True,
     skip_bad_lines: Annotated[
         bool, typer.Option("--skip-bad-lines", help="Skip and count bad rows instead of stopping.")
     ] = False,
@@ -158,6 +165,7 @@ def pack(
         pad_to_max_length=pad_to_max_length,
         pad_cu_seqlens=pad_cu_seqlens,
         workers=_default_workers() if workers is None else workers,
+        reuse_store=reuse,
         skip_bad_lines=skip_bad_lines,
         output_format=output_format.value,
         format=formats.FormatConfig(
@@ -203,7 +211,14 @@ def _print_summary(result) -> None:
         ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {best_efficiency:.2%})"),
         ("packing factor", f"{stats.packing_factor:.2f} samples/pack (max {stats.max_samples_per_pack})"),
     ]
-    rows += [(f"time {stage}", f"{seconds:.2f} s") for stage, seconds in result.stage_seconds.items()]
+    rows += [
+        (
+            f"time {stage}",
+            f"{seconds:.2f} s"
+            + (" (token store reused)" if stage == "tokenize" and result.reused_store else ""),
+        )
+        for stage, seconds in result.stage_seconds.items()
+    ]
     for name, value in rows:
         table.add_row(name, value)
     stdout.print(table)
@@ -253,6 +268,65 @@ def inspect(
         for key, value in manifest["counts"].items():
             table.add_row(f"count {key.replace('_', ' ')}", f"{value:,}")
     stdout.print(table)
+
+
+@app.command()
+def verify(
+    path: Annotated[
+        str, typer.Argument(help="Packed dataset: folder, Parquet file or glob, or legacy .npy.")
+    ],
+    pack_size: Annotated[int | None, typer.Option(help="Pack size (default: the manifest's).")] = None,
+    multiple: Annotated[
+        int | None, typer.Option(help="Alignment multiple of every sequence (default: the manifest's).")
+    ] = None,
+    cp: Annotated[int | None, typer.Option(help="Check divisibility for this context parallel size.")] = None,
+    metadata: Annotated[
+        Path | None, typer.Option(help="metadata.json to check (default: the folder's).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Check a packed dataset and name every fault with its file, row and sequence.
+
+    Exits 0 when the dataset is clean, 1 when a fault was found, 2 when it cannot be read.
+    """
+    from tightpack.verify import verify_packed
+
+    report = verify_packed(path, pack_size=pack_size, multiple=multiple, cp=cp, metadata=metadata)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        checked = ", ".join(f"{value:,} {name.replace('_', ' ')}" for name, value in report.checked.items())
+        for violation in report.violations:
+            print(str(violation))
+        hidden = sum(report.counts.values()) - len(report.violations)
+        if hidden:
+            print(f"... and {hidden:,} more (listed per check: {dict(report.counts)})")
+        if report.ok:
+            print(f"OK: {report.path} ({checked})")
+        else:
+            print(f"FAILED: {sum(report.counts.values()):,} faults in {report.path} ({checked})")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def validate(
+    config: Annotated[
+        Path, typer.Argument(help="Training configuration (YAML): train, model, dataset, ... sections.")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Check a training configuration against every packing rule.
+
+    Prints the errors, the warnings and the derived values; exits 1 on an error, 2 on a bad file.
+    """
+    from tightpack.config import load_config
+    from tightpack.config import validate as validate_config
+
+    report = validate_config(load_config(config))
+    print(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def _version(value: bool) -> None:

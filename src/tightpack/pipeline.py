@@ -35,13 +35,15 @@ from tightpack.core.packed_parquet import (
     gather_packs,
     write_packed_parquet,
 )
+from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
+from tightpack.core.store_cache import StoreCache, claim, sweep_stale
 from tightpack.core.token_store import TokenStore
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.sources import open_sources
-from tightpack.prepare.tokenize import BadRow, tokenize_to_store
+from tightpack.prepare.tokenize import BadRow, TokenizeReport, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 
 __all__ = ["MANIFEST_NAME", "METADATA_NAME", "PackConfig", "PackResult", "Progress", "pack_dataset"]
@@ -72,6 +74,8 @@ class PackConfig:
         pad_to_max_length, pad_cu_seqlens: recorded for the runtime collate (fixed width; static
             boundary shapes for CUDA graphs, which needs the fixed width).
         workers: tokenization processes.
+        reuse_store: keep the finished token store in the cache (``$TIGHTPACK_CACHE/stores``) and
+            reuse it when the inputs, tokenizer and sample format are the same again.
         skip_bad_lines: count and report bad rows instead of stopping at the first one.
         row_group_size: packs per Parquet row group; None picks about 256k tokens per group.
         output_format: ``parquet`` (shards ``packs-NNNNN.idx.parquet``) or legacy ``npy`` (``packs.npy``).
@@ -90,6 +94,7 @@ class PackConfig:
     pad_to_max_length: bool = False
     pad_cu_seqlens: bool = False
     workers: int = 1
+    reuse_store: bool = True
     skip_bad_lines: bool = False
     row_group_size: int | None = None
     output_format: OutputFormat = "parquet"
@@ -132,9 +137,10 @@ class PackConfig:
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
 
     def settings(self) -> dict[str, Any]:
-        """Everything that changes the output (not ``workers``: the output is identical for any K)."""
+        """Everything that changes the output (not ``workers``, ``reuse_store``: the output is the same)."""
         values = asdict(self)
         values.pop("workers")
+        values.pop("reuse_store")
         values.update(
             pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size
         )
@@ -162,7 +168,8 @@ class _NoProgress:
 
 @dataclass
 class PackResult:
-    """What a run produced: the output folder, counts, plan statistics and time per stage (s)."""
+    """What a run produced: the output folder, counts, plan statistics, time per stage (s), and
+    whether the token store came from the cache instead of tokenizing."""
 
     output: Path
     counts: dict[str, int]
@@ -170,6 +177,7 @@ class PackResult:
     stage_seconds: dict[str, float]
     files: list[dict]
     bad_rows: list[BadRow]
+    reused_store: bool = False
 
 
 def pack_dataset(
@@ -207,20 +215,13 @@ def pack_dataset(
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         sources = open_sources(inputs)
 
+    sweep_stale(output.parent, f".{output.name}.partial-")
     staging = output.parent / f".{output.name}.partial-{uuid.uuid4().hex[:12]}"
-    staging.mkdir(parents=True)
+    claim(staging)
     try:
         estimates = [source.estimated_rows for source in sources]
         with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
-            report = tokenize_to_store(
-                _chunks(sources),
-                spec,
-                config.format,
-                staging / "_store",
-                workers=config.workers,
-                skip_bad_rows=config.skip_bad_lines,
-                on_rows=progress.advance,
-            )
+            report = _tokenize(sources, spec, config, staging, progress)
         store = report.store
 
         with _stage("plan", 1, progress, times):
@@ -244,12 +245,52 @@ def pack_dataset(
             (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
             manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
             (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
-        shutil.rmtree(staging / "_store")
+        shutil.rmtree(staging / "_store", ignore_errors=True)
+        (staging / ".pid").unlink()
         _publish(staging, output)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return PackResult(output, counts, stats, times, files, report.bad_rows)
+    return PackResult(output, counts, stats, times, files, report.bad_rows, report.reused)
+
+
+def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
+    """Fingerprint of what decides the token store; None when an input has no content fingerprint."""
+    identities = [source.identity for source in sources]
+    if not all("sha256" in identity or "fingerprint" in identity for identity in identities):
+        return None
+    decisive = [identities, spec.fingerprint, config.settings()["format"], config.skip_bad_lines, __version__]
+    return hashlib.sha256(json.dumps(decisive, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _tokenize(sources, spec: TokenizerSpec, config: PackConfig, staging: Path, progress) -> TokenizeReport:
+    """The token store of the inputs: reused from the cache when it holds one, else tokenized."""
+    key = _store_key(sources, spec, config) if config.reuse_store else None
+    cache = StoreCache(default_cache_dir() / "stores")
+    if key is not None and (hit := cache.lookup(key)) is not None:
+        folder, info = hit
+        progress.advance(info["rows_read"])
+        bad_rows = [BadRow(**row) for row in info["bad_rows"]]
+        return TokenizeReport(TokenStore.open(folder), info["rows_read"], bad_rows, reused=True)
+    store_dir = cache.new_partial() if key is not None else staging / "_store"
+    try:
+        report = tokenize_to_store(
+            _chunks(sources),
+            spec,
+            config.format,
+            store_dir,
+            workers=config.workers,
+            skip_bad_rows=config.skip_bad_lines,
+            on_rows=progress.advance,
+        )
+    except BaseException:
+        shutil.rmtree(store_dir, ignore_errors=True)
+        raise
+    if key is None:
+        return report
+    info = {"rows_read": report.rows_read, "bad_rows": [asdict(row) for row in report.bad_rows]}
+    folder = cache.commit(store_dir, key, info)
+    return TokenizeReport(TokenStore.open(folder), report.rows_read, report.bad_rows)
 
 
 @contextmanager

@@ -23,10 +23,19 @@ from __future__ import annotations
 
 import glob
 import os
+from pathlib import Path
 
 from tightpack.errors import TightpackError
 
-__all__ = ["is_packed_parquet_spec", "resolve_parquet_spec"]
+__all__ = ["default_cache_dir", "is_packed_parquet_spec", "resolve_parquet_spec"]
+
+
+def default_cache_dir() -> Path:
+    """``$TIGHTPACK_CACHE``, else ``$XDG_CACHE_HOME/tightpack`` (default ``~/.cache/tightpack``)."""
+    if os.environ.get("TIGHTPACK_CACHE"):
+        return Path(os.environ["TIGHTPACK_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tightpack"
+
 
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 

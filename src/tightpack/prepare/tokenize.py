@@ -73,6 +73,7 @@ class TokenizeReport:
     store: TokenStore
     rows_read: int
     bad_rows: list[BadRow]
+    reused: bool = False  # the store came from the cache of finished stores
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,10 @@ import torch
 
 from tightpack.core import legacy_npy
 from tightpack.core.packed_index import PackedIndex, check_shards
-from tightpack.core.paths import resolve_parquet_spec
+from tightpack.core.paths import default_cache_dir, resolve_parquet_spec
 from tightpack.errors import TightpackError
 
 __all__ = ["PackedDataset", "default_cache_dir"]
-
-
-def default_cache_dir() -> Path:
-    """``$TIGHTPACK_CACHE``, else ``$XDG_CACHE_HOME/tightpack`` (default ``~/.cache/tightpack``)."""
-    if os.environ.get("TIGHTPACK_CACHE"):
-        return Path(os.environ["TIGHTPACK_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tightpack"
 
 
 def _npy_rows(path: str) -> int:

@@ -1,0 +1,814 @@
+"""`tightpack.config`: loading, every validation rule (both sides), derived values and ``tightpack validate``.
+
+Each rule case is a configuration that triggers the rule and the nearest one that does not, both built by
+patching one of the clean base configurations below. Expected numbers are derived by hand from contract §5
+(k = lcm over train and eval CP of (2*cp if cp > 1) and (cp*tp under SP)) and from the cases of the
+reference's ``tests/unit_tests/training/test_config.py`` (contract §8.2).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tightpack.config import (
+    DATASET_TYPES,
+    RULES,
+    PackedSequenceSpecs,
+    TrainConfig,
+    ValidationReport,
+    load_config,
+    validate,
+)
+from tightpack.errors import TightpackError
+
+
+class _Delete:
+    """Marks a key to remove in `merge`; copies are the same object."""
+
+    def __deepcopy__(self, memo: dict) -> _Delete:
+        return self
+
+
+DELETE = _Delete()
+
+
+def merge(base: dict, *patches: dict) -> dict:
+    """A deep copy of ``base`` with the patches merged in (nested dicts merge; DELETE removes a key)."""
+    merged = copy.deepcopy(base)
+    for patch in patches:
+        for key, value in patch.items():
+            if value is DELETE:
+                merged.pop(key, None)
+            elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = merge(merged[key], value)
+            else:
+                merged[key] = copy.deepcopy(value)
+    return merged
+
+
+# Clean bases: world 8, TP/PP/CP 1, so DP 8.
+SFT = {
+    "train": {"micro_batch_size": 1, "global_batch_size": 32},
+    "model": {"seq_length": 4096},
+    "dataset": {"type": "GPTSFTDatasetConfig", "seq_length": 4096, "dataset_root": "/data/squad"},
+    "dist": {"world_size": 8},
+}
+OFFLINE = merge(
+    SFT,
+    {
+        "dataset": {
+            "enable_offline_packing": True,
+            "offline_packing_specs": {"packed_sequence_size": 4096},
+            "dataset_kwargs": {"pad_to_max_length": True},
+        }
+    },
+)
+GPT = merge(SFT, {"dataset": {"type": "GPTDatasetConfig", "dataset_root": DELETE}})
+PROVIDER = merge(SFT, {"dataset": {"type": "DatasetProvider", "dataset_root": DELETE}})
+DIRECT_HF = merge(SFT, {"dataset": {"type": "DirectHFSFTDatasetConfig", "dataset_root": DELETE}})
+MOCK_VLM = merge(DIRECT_HF, {"dataset": {"type": "MockVLMSFTDatasetConfig"}})
+IN_BATCH = merge(
+    DIRECT_HF, {"train": {"micro_batch_size": 4}, "dataset": {"enable_in_batch_packing": True}}
+)  # GBS 32 = MBS 4 * DP 8: one micro-batch per step
+ENERGON = {  # native packing
+    "train": {"micro_batch_size": 1, "global_batch_size": 8},
+    "model": {"seq_length": 4096, "calculate_per_token_loss": True},
+    "dataset": {
+        "type": "EnergonDatasetConfig",
+        "path": "/data/wds",
+        "seq_length": 4096,
+        "micro_batch_size": 1,
+        "task_encoder": "QwenVLEnergonTaskEncoderConfig",
+        "packing_buffer_size": 16,
+    },
+    "dist": {"world_size": 8},
+}
+ENERGON_COLLATE = merge(  # collate-time in-batch packing, MBS 4
+    ENERGON,
+    {
+        "train": {"micro_batch_size": 4, "global_batch_size": 32},
+        "dataset": {"packing_buffer_size": DELETE, "micro_batch_size": 4, "enable_in_batch_packing": True},
+    },
+)
+CP2 = {"model": {"context_parallel_size": 2, "calculate_per_token_loss": True}}
+BASES = {
+    "SFT": SFT,
+    "OFFLINE": OFFLINE,
+    "GPT": GPT,
+    "PROVIDER": PROVIDER,
+    "DIRECT_HF": DIRECT_HF,
+    "MOCK_VLM": MOCK_VLM,
+    "IN_BATCH": IN_BATCH,
+    "ENERGON": ENERGON,
+    "ENERGON_COLLATE": ENERGON_COLLATE,
+    "OFFLINE_CP2": merge(OFFLINE, merge(CP2, {"dataset": {"offline_packing_specs": {"pad_seq_to_mult": 4}}})),
+}
+
+
+def check(config: dict) -> ValidationReport:
+    return validate(load_config(config))
+
+
+def rule_ids(report: ValidationReport) -> list[str]:
+    return [finding.rule for finding in report.findings]
+
+
+def case(rule, severity, base, bad, good, match, *, name=None):
+    """One rule: ``base + bad`` triggers it (reason matching ``match``), ``base + good`` does not."""
+    return pytest.param(rule, severity, merge(base, bad), merge(base, good), match, id=name or rule)
+
+
+def patch(section):
+    """``patch("model")(seq_length=8)`` -> ``{"model": {"seq_length": 8}}``; other patches merge in."""
+
+    def make(*others, **values):
+        return merge({section: values}, *others)
+
+    return make
+
+
+train, model, data, evals, dist, ddp = map(patch, ("train", "model", "dataset", "validation", "dist", "ddp"))
+
+
+def specs(*others, **values):
+    return data(*others, offline_packing_specs=values)
+
+
+def kwargs(*others, **values):
+    return data(*others, dataset_kwargs=values)
+
+
+def te_graph(scope, *others, **values):
+    return model(*others, cuda_graph_impl="transformer_engine", cuda_graph_scope=scope, **values)
+
+
+def seq(length, *others):
+    return model(data(*others, seq_length=length), seq_length=length)
+
+
+NO_FIXED_WIDTH = kwargs(pad_to_max_length=False)
+PAD_CU = specs(pad_cu_seqlens=True)
+OFFLINE_CP2 = BASES["OFFLINE_CP2"]
+CP3_P4098 = seq(
+    4098,
+    model(context_parallel_size=3, calculate_per_token_loss=True),
+    specs(packed_sequence_size=4098, pad_seq_to_mult=6),
+)
+SP_CP2_TP4 = model(
+    context_parallel_size=2,
+    tensor_model_parallel_size=4,
+    sequence_parallel=True,
+    calculate_per_token_loss=True,
+)
+OFFLINE_4096 = data(enable_offline_packing=True, offline_packing_specs={"packed_sequence_size": 4096})
+AS_GPT = data(
+    type="GPTDatasetConfig",
+    dataset_root=DELETE,
+    enable_offline_packing=DELETE,
+    offline_packing_specs=DELETE,
+    dataset_kwargs=DELETE,
+)
+MBS4 = train(micro_batch_size=4)
+
+CASES = [
+    case("R1", "error", DIRECT_HF, train(data(dataloader_type="batch"), num_epochs=1),
+         data(dataloader_type="batch"),
+         r"only supported for finite GPTSFTDatasetConfig"),
+    case("R1", "error", DIRECT_HF, train(num_epochs=1), {}, r"DirectHFSFTDatasetConfig", name="R1-cyclic"),
+    case("R2", "error", SFT, train(data(dataloader_type="single"), num_epochs=2), train(num_epochs=2),
+         r'only with dataloader_type="batch"'),
+    case("R3", "error", PROVIDER, merge(MBS4, OFFLINE_4096, data(enable_in_batch_packing=True)), OFFLINE_4096,
+         r"enable_offline_packing and enable_in_batch_packing are mutually exclusive"),
+    case("R4", "error", SFT, data(enable_offline_packing=True), OFFLINE,
+         r"offline_packing_specs must be set when enable_offline_packing=True",
+         name="R4-enable-without-specs"),
+    case("R4", "error", SFT, specs(packed_sequence_size=4096), OFFLINE,
+         r"enable_offline_packing must be True when offline_packing_specs is set",
+         name="R4-specs-without-enable"),
+    case("R5", "error", OFFLINE, merge(PAD_CU, NO_FIXED_WIDTH), PAD_CU,
+         r"pad_cu_seqlens=True requires dataset pad_to_max_length=True"),
+    case("R6", "error", OFFLINE, te_graph(["mlp"], NO_FIXED_WIDTH), te_graph(["mlp"]),
+         r"Offline packing with CUDA graphs requires dataset pad_to_max_length=True", name="R6-mlp-only-te"),
+    case("R6", "error", OFFLINE, model(NO_FIXED_WIDTH, cuda_graph_impl="full_iteration"),
+         model(PAD_CU, cuda_graph_impl="full_iteration"), r"requires dataset pad_to_max_length",
+         name="R6-full-iteration"),
+    case("R6", "error", OFFLINE,
+         model(NO_FIXED_WIDTH, cuda_graph_impl="local", cuda_graph_scope=["full_iteration"]),
+         model(NO_FIXED_WIDTH, cuda_graph_impl="local", cuda_graph_scope=["attn"]),
+         r"requires dataset pad_to_max_length", name="R6-local-full-iteration-vs-local-layer"),
+    *[
+        case("R7", "error", OFFLINE, te_graph(scope), te_graph(["mlp"]),
+             r"Packed attention CUDA graphs require offline_packing_specs.pad_cu_seqlens=True",
+             name=f"R7-te-{'-'.join(scope) or 'whole-layer'}")
+        for scope in ([], ["attn"], ["attn", "mlp"])
+    ],
+    case("R7", "error", OFFLINE, model(cuda_graph_impl="full_iteration"),
+         model(PAD_CU, cuda_graph_impl="full_iteration"), r"pad_cu_seqlens=True", name="R7-full-iteration"),
+    case("R8.1", "error", DIRECT_HF, data(pad_to_multiple_of=-3), data(pad_to_multiple_of=1),
+         r"pad_to_multiple_of must be greater than 0 \(dataset.pad_to_multiple_of=-3\)"),
+    case("R8.1", "error", IN_BATCH, data(in_batch_packing_pad_to_multiple_of=0),
+         data(in_batch_packing_pad_to_multiple_of=1),
+         r"in_batch_packing_pad_to_multiple_of must be greater than 0",
+         name="R8.1-in-batch"),
+    case("R8.2", "error", ENERGON, data(path=" "), {}, r"path must be a non-empty path"),
+    case("R8.3", "error", ENERGON, data(do_test=True), data(do_test=False),
+         r"does not support a distinct test split"),
+    case("R8.4", "error", ENERGON, kwargs(batch_size=2, split_part="train"),
+         kwargs(subflavors={"source": "coco"}),
+         r"cannot override builder-owned arguments: batch_size, split_part"),
+    case("R8.5", "error", ENERGON, data(packing_buffer_size=0), data(packing_buffer_size=1),
+         r"packing_buffer_size must be greater than 0 when set \(got 0\)"),
+    case("R8.6", "error", ENERGON, data(enable_in_batch_packing=True), {},
+         r"packing_buffer_size and enable_in_batch_packing=True are mutually exclusive"),
+    case("R8.7", "error", ENERGON, data(defer_in_batch_packing_to_step=True), {},
+         r"incompatible with defer_in_batch_packing_to_step=True"),
+    case("R8.8", "error", ENERGON, data(micro_batch_size=2), {},
+         r"Energon native sequence packing requires micro_batch_size=1"),
+    case("R8.9", "error", ENERGON, data(task_encoder="GenericHFTaskEncoderConfig"), {},
+         r"supports only QwenVLEnergonTaskEncoderConfig"),
+    case("R8.9", "error", ENERGON, data(task_encoder=DELETE), {}, r"task_encoder=None", name="R8.9-unset"),
+    case("R9", "error", ENERGON_COLLATE, data(micro_batch_size=2), {},
+         r"micro_batch_size must match train.micro_batch_size \(2 != 4\)"),
+    case("R10.1", "error", ENERGON, train(micro_batch_size=2, global_batch_size=16), {},
+         r"requires train.micro_batch_size=1"),
+    case("R10.2", "error", ENERGON, model(calculate_per_token_loss=False), {},
+         r"requires model.calculate_per_token_loss=True"),
+    case("R10.3", "error", ENERGON, ddp(average_in_collective=True), ddp(average_in_collective=False),
+         r"requires ddp.average_in_collective=False"),
+    case("R10.4", "error", ENERGON, model(mtp_num_layers=1), model(mtp_num_layers=0),
+         r"does not support MTP"),
+    case("R10.5", "error", ENERGON, model(cuda_graph_impl="local"), model(cuda_graph_impl=None),
+         r"does not support CUDA graphs \(model.cuda_graph_impl='local'\)"),
+    case("R10.5", "error", ENERGON, model(vision_cuda_graph_impl="transformer_engine"),
+         model(vision_cuda_graph_impl="none"), r"vision_cuda_graph_impl='transformer_engine'",
+         name="R10.5-vision"),
+    case("R10.6", "error", ENERGON, {"dist_train": {"use_dist_train": True}},
+         {"dist_train": {"use_dist_train": False}}, r"does not support Qwen3-VL DistTrain"),
+    case("R10.7", "error", ENERGON, model(pipeline_model_parallel_size=2),
+         model(expert_model_parallel_size=8),
+         r"does not yet support pipeline parallelism"),
+    case("R11", "warning", ENERGON, model(overlap_moe_expert_parallel_comm=True),
+         model({"comm_overlap": {"delay_wgrad_compute": False}}, overlap_moe_expert_parallel_comm=False),
+         r"Disabling MoE expert-parallel communication overlap.*"
+         r"requested by model.overlap_moe_expert_parallel_comm"),
+    case("R11", "warning", ENERGON,
+         {"comm_overlap": {"user_comm_overlap_cfg": {"delay_wgrad_compute": True}}},
+         {"comm_overlap": {"user_comm_overlap_cfg": {"delay_wgrad_compute": False}}},
+         r"requested by comm_overlap.user_comm_overlap_cfg.delay_wgrad_compute", name="R11-user-cfg"),
+    case("R13", "error", DIRECT_HF, seq(20, SP_CP2_TP4), seq(24, SP_CP2_TP4),
+         r"DirectHFSFTDatasetConfig.seq_length must be divisible by the CP/SP collate padding "
+         r"multiple \(8\)"),
+    case("R15", "error", ENERGON_COLLATE, evals(eval_micro_batch_size=2),
+         evals(data(do_validation=False), eval_micro_batch_size=2),
+         r"must match validation.eval_micro_batch_size \(4 != 2\)"),
+    case("R16", "error", SFT, evals(eval_global_batch_size=12), evals(eval_global_batch_size=16),
+         r"eval_global_batch_size \(12\) is not divisible by eval micro batch size \(1\) times eval data "
+         r"parallel size \(8\)"),
+    case("R16", "error", SFT, dist(evals(eval_global_batch_size=6), eval_context_parallel_size=2),
+         dist(evals(eval_global_batch_size=8), eval_context_parallel_size=2),
+         r"eval data parallel size \(4\)", name="R16-eval-cp"),
+    case("R16", "error", SFT, dist(seq(4104), eval_context_parallel_size=3),
+         dist(eval_context_parallel_size=4),
+         r"not divisible by TP\*PP\*eval CP \(3\)", name="R16-eval-dp-not-integral"),
+    case("R17", "error", SFT, seq(510, CP2), seq(512, CP2),
+         r"Sequence length must be divisible by 2 \* context parallel size"),
+    case("R17", "error", SFT, seq(4100, model(context_parallel_size=4, calculate_per_token_loss=True)),
+         model(context_parallel_size=4, calculate_per_token_loss=True), r"2\*CP=8", name="R17-cp4"),
+    case("R18", "error", SFT, model(context_parallel_size=2), CP2, r"calculate_per_token_loss must be True"),
+    case("R18", "error", SFT, ddp(CP2, average_in_collective=True), CP2,
+         r"average_in_collective must be False", name="R18-average"),
+    case("R18", "error", MOCK_VLM, model(context_parallel_size=2), CP2, r"calculate_per_token_loss",
+         name="R18-mock-vlm"),
+    case("R18", "error", ENERGON_COLLATE, model(context_parallel_size=2, calculate_per_token_loss=False),
+         model(context_parallel_size=2), r"calculate_per_token_loss", name="R18-energon"),
+    case("R18", "error", DIRECT_HF, model(context_parallel_size=2), {}, r"calculate_per_token_loss",
+         name="R18-direct-hf-vs-cp1"),
+    case("R18", "error", SFT, model(context_parallel_size=2), model(AS_GPT, context_parallel_size=2),
+         r"calculate_per_token_loss", name="R18-pretraining-exempt"),
+    case("R19", "error", OFFLINE, specs(packed_sequence_size=-1), specs(packed_sequence_size=4096),
+         r"packed_sequence_size must be greater than 0 \(got -1\)"),
+    case("R20", "error", OFFLINE, MBS4, train(micro_batch_size=1),
+         r"Micro batch size should be 1 when training with packed sequence, but your micro batch size is 4"),
+    case("R20", "error", PROVIDER, merge(MBS4, OFFLINE_4096), MBS4, r"micro batch size is 4",
+         name="R20-provider-vs-no-packing"),
+    case("R20", "error", OFFLINE, MBS4, merge(MBS4, AS_GPT), r"micro batch size is 4",
+         name="R20-gpt-dataset-exempt"),
+    case("R21", "error", IN_BATCH, train(micro_batch_size=1), {},
+         r"^micro_batch_size should be greater than 1 when using enable_in_batch_packing=True\. In-batch "
+         r"packing concatenates multiple sequences within a microbatch, so at least 2 sequences are required "
+         r"per micro-batch\.$"),
+    case("R22", "error", SFT, data(seq_length=2048), {}, r"model.seq_length=4096, dataset.seq_length=2048"),
+    case("R22", "error", GPT, model(seq_length=2048), model(data(type="DatasetProvider"), seq_length=2048),
+         r"configuration in model config and dataset config match", name="R22-gpt-vs-provider"),
+    case("X1", "error", SFT, train(global_batch_size=12), train(global_batch_size=16),
+         r"global batch size \(12\) is not divisible by micro batch size \(1\) times data parallel size "
+         r"\(8\)\.$"),
+    case("X1", "error", SFT, train(global_batch_size=4), train(global_batch_size=8),
+         r"at least one micro-batch", name="X1-below-one-micro-batch"),
+    case("X1", "error", SFT, model(tensor_model_parallel_size=3), model(tensor_model_parallel_size=4),
+         r"dist.world_size \(8\) is not divisible by TP\*PP\*CP = 3\*1\*1 = 3", name="X1-dp-not-integral"),
+    case("X2", "error", SFT, model(ddp(average_in_collective=True), calculate_per_token_loss=True),
+         model(calculate_per_token_loss=True), r"Cannot average in collective when calculating per-token"),
+    case("X3", "error", OFFLINE, evals(eval_micro_batch_size=2),
+         evals(data(do_validation=False), eval_micro_batch_size=2),
+         r"Packed THD batches need micro-batch size 1"),
+    case("X3", "error", OFFLINE_CP2, evals(eval_micro_batch_size=2), evals(eval_micro_batch_size=1),
+         r"expect micro-batch size 1 for context-parallel slicing", name="X3-cp"),
+    case("X4", "error", OFFLINE, specs(pad_seq_to_mult=0), specs(pad_seq_to_mult=None),
+         r"pad_seq_to_mult must be a positive integer when provided \(got 0\)", name="X4-multiple"),
+    case("X4", "error", OFFLINE, specs(max_single_sequence_length=0), specs(max_single_sequence_length=1),
+         r"max_single_sequence_length must be positive", name="X4-cap-positive"),
+    case("X4", "error", OFFLINE, specs(max_single_sequence_length=4097),
+         specs(max_single_sequence_length=4096),
+         r"max_single_sequence_length \(4097\) cannot exceed packed_sequence_size \(4096\)",
+         name="X4-cap-fits"),
+    case("X4", "warning", OFFLINE, specs(packed_train_data_path="/p/train.NPY"),
+         specs(packed_train_data_path="/p/train.idx.parquet"), r"\.npy packed sequence format is deprecated",
+         name="X4-npy"),
+    case("X5", "error", OFFLINE, data(specs(packed_val_data_path="/p/val.parquet"), hf_rewrite=True),
+         data(hf_rewrite=True), r"hf_rewrite cannot safely replace explicit packed data paths"),
+    case("X5", "error", OFFLINE, kwargs(max_num_samples=100), data(max_train_samples=100),
+         r"Set max_train_samples directly", name="X5-max-num-samples"),
+    *[
+        case("X6", "error", OFFLINE, te_graph(scope, PAD_CU, num_moe_experts=8),
+             te_graph(["attn", "mlp"], PAD_CU, num_moe_experts=8),
+             r"Packed MoE padding masks do not support router-scoped",
+             name=f"X6-{'-'.join(scope) or 'whole-layer'}")
+        for scope in ([], ["moe_router"], ["attn", "moe"])
+    ],
+    case("X6", "error", OFFLINE, te_graph([], PAD_CU, num_moe_experts=8), te_graph([], PAD_CU),
+         r"router-scoped", name="X6-dense-model-exempt"),
+    case("T1", "error", OFFLINE_CP2, specs(packed_sequence_size=4094), specs(packed_sequence_size=4092),
+         r"packed_sequence_size \(4094\) is not a multiple of 4 .*trailing width segment",
+         name="T1-pack-size"),
+    case("T1", "error", OFFLINE, merge(CP3_P4098, NO_FIXED_WIDTH), CP3_P4098,
+         r"rounded up to pad_seq_length_to_mult=16, which is not a multiple of 6", name="T1-width-rounding"),
+    case("T1", "error", OFFLINE_CP2, kwargs(pad_to_max_length=False, pad_seq_length_to_mult=2),
+         NO_FIXED_WIDTH,
+         r"pad_seq_length_to_mult=2", name="T1-rounding-cp2-vs-default-16"),
+    case("T1", "error", OFFLINE, kwargs(CP3_P4098, pad_to_max_length=False, ceil_to_power_2=True),
+         kwargs(OFFLINE_CP2, pad_to_max_length=False, ceil_to_power_2=True), r"ceil_to_power_2",
+         name="T1-power-of-two"),
+    case("T2", "error", OFFLINE_CP2, specs(pad_seq_to_mult=2), specs(pad_seq_to_mult=8),
+         r"pad_seq_to_mult \(2\) is not a multiple of 4 .*divisible by 2\*CP"),
+    case("T2", "warning", OFFLINE, model(tensor_model_parallel_size=4, sequence_parallel=True),
+         model(specs(pad_seq_to_mult=4), tensor_model_parallel_size=4, sequence_parallel=True),
+         r"not a multiple of the sequence-parallel multiple 4", name="T2-sp-only"),
+    case("T2", "error", OFFLINE_CP2, dist(eval_context_parallel_size=4),
+         dist(specs(pad_seq_to_mult=8), eval_context_parallel_size=4),
+         r"not a multiple of 8 \(k = 8 from TP=1, CP=2, eval CP=4", name="T2-eval-cp"),
+    case("T3", "error", SFT, dist(seq(4100), eval_context_parallel_size=4),
+         dist(seq(4100), eval_context_parallel_size=2),
+         r"divisible by 2 \* the evaluation context parallel size \(model.seq_length=4100, 2\*eval CP=8\)"),
+    case("T4", "warning", SFT, dist(eval_context_parallel_size=2),
+         dist(model(calculate_per_token_loss=True), eval_context_parallel_size=2),
+         r"Evaluating fine-tuning data with CP=2 without calculate_per_token_loss"),
+    case("T5", "error", IN_BATCH, train(data(dataloader_type="batch"), global_batch_size=64),
+         train(global_batch_size=64), r'dataloader_type="batch" .*cannot be split into 2 micro-batches'),
+    case("T5", "error", IN_BATCH, train(data(dataloader_type="batch"), global_batch_size=64),
+         data(dataloader_type="batch"), r"2 micro-batches", name="T5-one-micro-batch-is-fine"),
+    case("T6", "warning", ENERGON_COLLATE, model(expert_model_parallel_size=2),
+         model(data(defer_in_batch_packing_to_step=True), expert_model_parallel_size=2),
+         r"fixed width \(forced by PP>1 or EP>1, R12\) puts 4 rows into one row of seq_length=4096"),
+    case("T7", "warning", OFFLINE, specs(packed_sequence_size=2048), {},
+         r"packed_sequence_size \(2048\) differs from dataset.seq_length \(4096\)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BASES)
+def test_bases_are_clean(name):
+    report = check(BASES[name])
+    assert report.ok and report.findings == (), report.format()
+
+
+@pytest.mark.parametrize(("rule", "severity", "bad", "good", "match"), CASES)
+def test_rule(rule, severity, bad, good, match):
+    found = [finding for finding in check(bad).findings if finding.rule == rule]
+    assert found, f"{rule} not reported:\n{check(bad).format()}"
+    assert any(finding.severity == severity and re.search(match, finding.reason) for finding in found), found
+    assert all(finding.fix for finding in found)
+    assert rule not in rule_ids(check(good)), check(good).format()
+
+
+def test_every_rule_has_a_case_and_runs_in_contract_order():
+    assert {param.values[0] for param in CASES} == {rule_id for rule_id, _ in RULES}
+    assert [rule_id for rule_id, _ in RULES] == [
+        "R1", "R2", "R3", "R4", "R5", "R6", "R7",
+        *(f"R8.{i}" for i in range(1, 10)), "R9", *(f"R10.{i}" for i in range(1, 8)),
+        "R11", "R13", "R15", "R16", "R17", "R18", "R19", "R20", "R21", "R22",
+        "X1", "X2", "X3", "X4", "X5", "X6", "T1", "T2", "T3", "T4", "T5", "T6", "T7",
+    ]  # fmt: skip
+
+
+def test_native_rules_are_all_reported_in_order():
+    """The reference raises at the first R10 error; the report lists every one, in the reference's order."""
+    config = merge(
+        ENERGON,
+        model(mtp_num_layers=1, cuda_graph_impl="local", pipeline_model_parallel_size=2),
+        train(micro_batch_size=2, global_batch_size=8),
+        ddp(average_in_collective=True),
+        dist(world_size=4),
+        {"dist_train": {"use_dist_train": True}},
+    )
+    native = [rule for rule in rule_ids(check(config)) if rule.startswith(("R9", "R10", "R15"))]
+    # Dataset MBS 1 vs train MBS 2: R9, and R15 through the eval MBS, which defaults to the train MBS.
+    assert native == ["R9", "R10.1", "R10.3", "R10.4", "R10.5", "R10.6", "R10.7", "R15"]
+
+
+def test_report_collects_many_violations_at_once():
+    config = merge(
+        OFFLINE,
+        {
+            "train": {"micro_batch_size": 4, "global_batch_size": 30},
+            "model": {
+                "seq_length": 4097,
+                "context_parallel_size": 2,
+                "cuda_graph_impl": "transformer_engine",
+            },
+            "ddp": {"average_in_collective": True},
+            "validation": {"eval_micro_batch_size": 2},
+            "dataset": {
+                "offline_packing_specs": {"packed_sequence_size": 4098, "pad_cu_seqlens": True},
+                "dataset_kwargs": {"pad_to_max_length": False},
+            },
+        },
+    )
+    report = check(config)
+    assert rule_ids(report) == [
+        "R5", "R6", "R16", "R17", "R18", "R18", "R20", "R22", "X1", "X3", "T1", "T2", "T7",
+    ]  # fmt: skip
+    assert not report.ok
+    assert [finding.rule for finding in report.warnings] == ["T7"]
+    assert len(report.errors) == 12
+
+
+def test_validate_does_not_modify_the_config():
+    config = load_config(
+        merge(ENERGON, {"model": {"expert_model_parallel_size": 8, "delay_wgrad_compute": True}})
+    )
+    before = copy.deepcopy(config)
+    report = validate(config)
+    assert config == before
+    assert report.derived.overrides()["dataset.pad_to_max_length"] is True
+    assert config.dataset.pad_to_max_length is False
+
+
+# -- derived values (R11, R12, R14, the batch arithmetic) ------------------------------------------
+
+
+def derived(config: dict):
+    return check(config).derived
+
+
+@pytest.mark.parametrize(
+    ("config", "in_batch", "non_packed"),
+    [
+        # Contract §8.2: CP2/TP4/SP -> lcm(4, 8) = 8; the non-packed multiple is lcm(user 3, 8) = 24.
+        (merge(IN_BATCH, SP_CP2_TP4), 8, None),
+        (merge(DIRECT_HF, SP_CP2_TP4, data(pad_to_multiple_of=3)), None, 24),
+        # CP2/TP2/SP and eval CP4: lcm(4, 4, 8, 8) = 8.
+        (merge(IN_BATCH, SP_CP2_TP4, model(tensor_model_parallel_size=2), dist(eval_context_parallel_size=4)),
+         8, None),
+        # Eval CP2 alone: lcm(3, 4) = 12.
+        (merge(DIRECT_HF, data(pad_to_multiple_of=3), dist(eval_context_parallel_size=2)), None, 12),
+        # Energon deferred packing still gets the packed multiple; non-packed Energon gets lcm(3, 8).
+        (merge(ENERGON_COLLATE, SP_CP2_TP4, data(defer_in_batch_packing_to_step=True)), 8, None),
+        (merge(ENERGON_COLLATE, SP_CP2_TP4, data(enable_in_batch_packing=False, pad_to_multiple_of=3)),
+         None, 24),
+        (merge(ENERGON, SP_CP2_TP4), 8, None),
+        (merge(MOCK_VLM, SP_CP2_TP4, MBS4, data(enable_in_batch_packing=True)), 8, None),
+        (merge(MOCK_VLM, SP_CP2_TP4, data(pad_to_multiple_of=3)), None, 24),
+        # No CP/SP: the user's in-batch value is overwritten with k = 1.
+        (merge(IN_BATCH, data(in_batch_packing_pad_to_multiple_of=64)), 1, None),
+    ],
+)  # fmt: skip
+def test_r14_collate_multiples(config, in_batch, non_packed):
+    values = derived(config)
+    assert values.in_batch_packing_pad_to_multiple_of == in_batch
+    assert values.pad_to_multiple_of == non_packed
+    assert values.enable_in_batch_packing == (in_batch is not None)
+
+
+def test_r14_native_packing_marks_the_transformer_and_pp_sets_variable_lengths():
+    native = derived(merge(ENERGON, SP_CP2_TP4))
+    assert native.packing == "native_energon" and native.enable_in_batch_packing
+    assert native.alignment_multiple == 8
+    assert native.overrides()["model._enable_in_batch_packing"] is True
+    piped = derived(merge(IN_BATCH, {"model": {"pipeline_model_parallel_size": 2}}))
+    assert piped.variable_seq_lengths and piped.overrides()["model.variable_seq_lengths"] is True
+    assert not derived(IN_BATCH).variable_seq_lengths
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (ENERGON, False),
+        (merge(ENERGON, model(expert_model_parallel_size=8)), True),  # any EP dispatcher
+        (merge(IN_BATCH, model(pipeline_model_parallel_size=2)), True),
+        (merge(DIRECT_HF, data(pad_to_max_length=True)), True),  # a user True stays True
+        (OFFLINE, True),  # GPT SFT: read from dataset_kwargs, never forced
+        (merge(OFFLINE, model(expert_model_parallel_size=2), NO_FIXED_WIDTH), False),
+        (GPT, None),
+    ],
+)
+def test_r12_effective_pad_to_max_length(config, expected):
+    assert derived(config).pad_to_max_length is expected
+
+
+def test_r11_forces_every_copy_off_and_warns_once_per_report():
+    config = merge(
+        ENERGON,
+        {
+            "model": {"overlap_moe_expert_parallel_comm": True},
+            "comm_overlap": {
+                "overlap_moe_expert_parallel_comm": True,
+                "user_comm_overlap_cfg": {"delay_wgrad_compute": True, "tp_comm_bootstrap_backend": "nccl"},
+            },
+        },
+    )
+    report = check(config)
+    assert [finding.rule for finding in report.warnings] == ["R11"]
+    assert report.ok
+    assert report.derived.forced_off == (
+        "model.overlap_moe_expert_parallel_comm",
+        "model.delay_wgrad_compute",
+        "comm_overlap.overlap_moe_expert_parallel_comm",
+        "comm_overlap.delay_wgrad_compute",
+        "comm_overlap.user_comm_overlap_cfg.delay_wgrad_compute",
+    )
+    assert all(value is False for key, value in report.derived.overrides().items() if "overlap" in key)
+    assert derived(merge(IN_BATCH, {"model": {"delay_wgrad_compute": True}})).forced_off == ()
+
+
+def test_batch_arithmetic():
+    values = derived(
+        merge(SFT, CP2, dist(world_size=16, eval_context_parallel_size=4), evals(eval_global_batch_size=8))
+    )
+    # DP = 16 / (1*1*2) = 8 -> 32 / (1*8) = 4 micro-batches; eval DP = 16 / 4 = 4 -> 8 / 4 = 2.
+    assert (values.data_parallel_size, values.micro_batches_per_step) == (8, 4)
+    assert (values.eval_data_parallel_size, values.eval_micro_batches_per_step) == (4, 2)
+    assert (values.eval_context_parallel_size, values.eval_micro_batch_size) == (4, 1)
+    assert values.alignment_multiple == 8  # lcm(2*2, 2*4)
+    assert derived(merge(SFT, {"train": {"global_batch_size": 12}})).micro_batches_per_step is None
+
+
+def test_r20_fix_gives_the_equivalent_configuration():
+    report = check(merge(OFFLINE, {"train": {"micro_batch_size": 4, "global_batch_size": 32}}))
+    (finding,) = report.errors
+    assert "train.micro_batch_size: 1 (now 4)" in finding.fix
+    assert "train.global_batch_size: 8 (now 32)" in finding.fix
+    assert "packed_sequence_size: 16384 (now 4096)" in finding.fix
+    odd = check(merge(OFFLINE, {"train": {"micro_batch_size": 3, "global_batch_size": 48}}))
+    assert "train.global_batch_size: 16 (now 48)" in odd.errors[0].fix
+    uneven = check(merge(OFFLINE, {"train": {"micro_batch_size": 4, "global_batch_size": 30}}))
+    assert "GBS/MBS is not an integer" in uneven.errors[0].fix
+
+
+def test_fixes_give_the_nearest_valid_numbers():
+    report = check(merge(OFFLINE_CP2, {"dataset": {"offline_packing_specs": {"packed_sequence_size": 4094}}}))
+    (t1,) = [finding for finding in report.findings if finding.rule == "T1"]
+    assert "a multiple of 4: 4092 or 4096" in t1.fix
+    (x1,) = check(merge(SFT, {"train": {"global_batch_size": 12}})).errors
+    assert x1.fix == "Set train.global_batch_size to a multiple of 8: 8 or 16."
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def test_load_from_yaml_and_dict_agree(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text(
+        """
+train: {micro_batch_size: 1, global_batch_size: 32}
+model:
+  seq_length: 4096
+  cuda_graph_impl: null
+  cuda_graph_scope: [attn, mlp]
+dist: {world_size: 8, eval_context_parallel_size: 2}
+dataset:
+  type: GPTSFTDatasetConfig
+  seq_length: 4096
+  hf_dataset: {path_or_dataset: squad}
+  enable_offline_packing: true
+  offline_packing_specs:
+    packed_sequence_size: 4096
+    pad_seq_to_mult: null
+  dataset_kwargs: {pad_to_max_length: true}
+""",
+        encoding="utf-8",
+    )
+    from_yaml = load_config(path)
+    assert from_yaml == load_config(str(path))
+    expected = merge(
+        OFFLINE,
+        {
+            "model": {"cuda_graph_impl": None, "cuda_graph_scope": ["attn", "mlp"]},
+            "dist": {"eval_context_parallel_size": 2},
+            "dataset": {"dataset_root": DELETE, "hf_dataset": {"path_or_dataset": "squad"},
+                        "offline_packing_specs": {"pad_seq_to_mult": None}},
+        },
+    )  # fmt: skip
+    assert from_yaml == load_config(expected)
+    assert isinstance(from_yaml.dataset.offline_packing_specs, PackedSequenceSpecs)
+    assert from_yaml.dataset.dataloader_type == "batch"  # the kind's default
+    assert from_yaml.validation.eval_micro_batch_size is None and from_yaml.comm_overlap is None
+
+
+@pytest.mark.parametrize(("kind", "loader"), [(name, cls) for name, cls in DATASET_TYPES.items()])
+def test_dataset_kinds_and_their_loader_defaults(kind, loader):
+    config = merge(SFT, {"dataset": {"type": kind, "dataset_root": DELETE}})
+    if kind == "EnergonDatasetConfig":
+        config = merge(ENERGON, {})
+    elif kind == "GPTSFTDatasetConfig":
+        config = SFT
+    dataset = load_config(config).dataset
+    assert type(dataset) is loader
+    defaults = {
+        "GPTSFTDatasetConfig": "batch",
+        "DirectHFSFTDatasetConfig": "cyclic",
+        "MockVLMSFTDatasetConfig": "single",
+        "EnergonDatasetConfig": "external",
+    }
+    assert dataset.dataloader_type == defaults.get(kind, "single")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"train": {"micro_batch_sise": 1}},
+         r"^unknown key 'micro_batch_sise' in train \(train.micro_batch_sise\); "
+         r"did you mean train.micro_batch_size\?$"),
+        (merge(SFT, {"train": {"seq_length": 4096}}),
+         r"unknown key 'seq_length' in train .*did you mean model.seq_length or dataset.seq_length\?"),
+        (merge(SFT, {"model": {"eval_context_parallel_size": 2}}),
+         r"did you mean dist.eval_context_parallel_size\?"),
+        (merge(OFFLINE, {"dataset": {"offline_packing_specs": {"pad_seq_to_multiple": 4}}}),
+         r"in dataset.offline_packing_specs .*did you mean dataset.offline_packing_specs.pad_seq_to_mult\?"),
+        (merge(SFT, {"dataset": {"pad_to_max_length": True}}),
+         r"unknown key 'pad_to_max_length' in dataset \(GPTSFTDatasetConfig\).*it is a field of "
+         r"DirectHFSFTDatasetConfig, EnergonDatasetConfig, MockVLMSFTDatasetConfig, "
+         r"not of GPTSFTDatasetConfig.*"
+         r"takes it as dataset.dataset_kwargs.pad_to_max_length"),
+        (merge(SFT, data(packing_buffer_size=8)), r"it is a field of EnergonDatasetConfig, not of GPTSFT"),
+        (merge(SFT, {"bogus_section": {}}),
+         r"unknown key 'bogus_section' in the top level \(bogus_section\); valid keys: train, model, "),
+        (merge(SFT, {"dataset": {"type": "GPTSFTDataset"}}),
+         r"unknown dataset.type 'GPTSFTDataset'; did you mean 'GPTSFTDatasetConfig'\?"),
+        (merge(SFT, data(type=DELETE)), r"missing required key dataset.type \(one of GPTDatasetConfig"),
+        (merge(SFT, {"model": {"seq_length": DELETE}}), r"^missing required key model.seq_length$"),
+        (merge(ENERGON, {"dataset": {"path": DELETE}}), r"^missing required key dataset.path$"),
+        (merge(SFT, train(micro_batch_size=True)),
+         r"^train.micro_batch_size must be an integer, got bool True$"),
+        (merge(SFT, train(micro_batch_size="4")), r"train.micro_batch_size must be an integer, got str '4'"),
+        (merge(SFT, model(sequence_parallel="yes")), r"model.sequence_parallel must be true or false"),
+        (merge(SFT, {"model": {"cuda_graph_impl": "transformer-engine"}}),
+         r"model.cuda_graph_impl must be one of none, local, transformer_engine, full_iteration, got "
+         r"'transformer-engine'; did you mean 'transformer_engine'\?"),
+        (merge(SFT, model(cuda_graph_scope=["attn", "mpl"])), r"model.cuda_graph_scope\[1\] must be one of"),
+        (merge(SFT, model(cuda_graph_scope="attn")), r"model.cuda_graph_scope must be a list of .* or null"),
+        (merge(SFT, {"dataset": {"offline_packing_specs": [4096]}}),
+         r"dataset.offline_packing_specs must be a mapping or null, got list"),
+        (merge(SFT, model(context_parallel_size=0)),
+         r"^model.context_parallel_size must be at least 1, got 0$"),
+        (merge(SFT, dist(eval_context_parallel_size=-2)),
+         r"dist.eval_context_parallel_size must be at least 1, got -2"),
+        (merge(SFT, {"dataset": {"dataloader_type": "batched"}}), r"did you mean 'batch'\?"),
+        (merge(SFT, {"train": [1, 2]}), r"^train must be a mapping, got list"),
+        ({**SFT, 3: {}}, r"non-string key 3"),
+    ],
+)  # fmt: skip
+def test_load_errors_name_the_path(config, message):
+    with pytest.raises(TightpackError, match=message):
+        load_config(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("train: [\n", r"cannot parse config .*bad.yaml as YAML: .*\(line 2, column 1\)"),
+        ("", r"must be a mapping of sections .*got null"),
+        ("- train\n", r"must be a mapping of sections .*got list"),
+        ("train: {micro_batch_size: 1, global_batch_size: 8}\n", r"^missing required key model$"),
+    ],
+)
+def test_yaml_file_errors(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(TightpackError, match=message):
+        load_config(path)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(TightpackError, match=r"cannot read config .*missing.yaml: No such file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(TightpackError, match=r"cannot read config"):
+        load_config(tmp_path)
+    (tmp_path / "latin1.yaml").write_bytes(b"train: caf\xe9\n")
+    with pytest.raises(TightpackError, match=r"cannot read config .*latin1.yaml"):
+        load_config(tmp_path / "latin1.yaml")
+
+
+def test_direct_construction_checks_ranges():
+    with pytest.raises(TightpackError, match=r"^TrainConfig.micro_batch_size must be at least 1, got 0$"):
+        TrainConfig(micro_batch_size=0, global_batch_size=8)
+    assert (
+        dataclasses.replace(TrainConfig(micro_batch_size=1, global_batch_size=8), num_epochs=2).num_epochs
+        == 2
+    )
+
+
+def test_report_to_dict_is_json_ready():
+    report = check(
+        merge(ENERGON, {"model": {"delay_wgrad_compute": True, "pipeline_model_parallel_size": 2}})
+    )
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["ok"] is False
+    assert [item["rule"] for item in data["errors"]] == ["R10.7"]
+    assert [item["rule"] for item in data["warnings"]] == ["R11"]
+    assert set(data["errors"][0]) == {"rule", "severity", "reason", "fix"}
+    assert data["derived"]["packing"] == "native_energon"
+    assert data["overrides"]["model.delay_wgrad_compute"] is False
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def run_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONIOENCODING": "utf-8"}
+    command = [sys.executable, "-m", "tightpack.cli", *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def write_yaml(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_cli_valid_config_exits_0(tmp_path):
+    result = run_cli("validate", write_yaml(tmp_path / "ok.yaml", OFFLINE), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["errors: none", "warnings: none"]
+    assert "derived values:" in lines
+    assert re.search(r"micro-batches per step\s+4$", result.stdout, re.M)
+    assert lines[-1] == "result: ok (0 errors, 0 warnings)"
+    assert result.stderr == ""
+
+
+def test_cli_errors_and_warnings_exit_1(tmp_path):
+    config = merge(OFFLINE, {"train": {"micro_batch_size": 4}, "dist": {"eval_context_parallel_size": 2}})
+    result = run_cli("validate", write_yaml(tmp_path / "bad.yaml", config), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout
+    errors, warnings, derived_values = (
+        out.index("errors (2):"),
+        out.index("warnings (1):"),
+        out.index("derived"),
+    )
+    assert errors < warnings < derived_values
+    assert re.search(
+        r"^  R20 +Micro batch size should be 1.*\n +fix: Use the equivalent configuration", out, re.M
+    )
+    assert re.search(r"^  T4 +Evaluating fine-tuning data with CP=2", out[warnings:derived_values], re.M)
+    assert re.search(r"^  T2 +offline_packing_specs.pad_seq_to_mult \(1\) is not a multiple of 4", out, re.M)
+    assert out.splitlines()[-1] == "result: invalid (2 errors, 1 warning)"
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_json(tmp_path):
+    config = merge(OFFLINE, {"train": {"micro_batch_size": 2}})
+    result = run_cli("validate", write_yaml(tmp_path / "bad.yaml", config), "--json", cwd=tmp_path)
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert [item["rule"] for item in data["errors"]] == ["R20"]
+    assert data["derived"]["alignment_multiple"] == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("typo.yaml", json.dumps(merge(SFT, {"train": {"global_batch_sise": 8}})),
+         "error: unknown key 'global_batch_sise' in train (train.global_batch_sise); "
+         "did you mean train.global_batch_size?"),
+        ("broken.yaml", "train: {micro_batch_size: 1", "error: cannot parse config "),
+        ("missing.yaml", None, "error: cannot read config "),
+    ],
+)  # fmt: skip
+def test_cli_user_errors_exit_2(tmp_path, name, text, message):
+    if text is not None:
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    result = run_cli("validate", tmp_path / name, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(message), result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,249 @@
+"""tightpack verify: clean datasets pass; each fault, planted alone, is named with its row."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import write_jsonl
+from tightpack.core.checksums import file_digest
+from tightpack.core.legacy_npy import read_legacy_npy, write_legacy_npy
+from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.verify import verify_packed
+
+SHARD = "packs-00000.idx.parquet"
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """A clean tightpack output: m=4, P=256, fixed width, mixed chat lengths, with a truncated sample."""
+    folder = tmp_path_factory.mktemp("verify")
+    rng = np.random.default_rng(3)
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "q " * int(n)},
+                {"role": "assistant", "content": "a " * int(k)},
+            ]
+        }
+        for n, k in zip(rng.integers(1, 60, 60), rng.integers(1, 50, 60), strict=True)
+    ]
+    rows.append(
+        {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "x"}]}
+    )
+    rows.append({"messages": [{"role": "user", "content": "monologue"}]})  # no supervised token
+    source = write_jsonl(folder / "chat.jsonl", rows)
+    config = PackConfig(packed_sequence_size=256, pad_seq_to_mult=4, pad_to_max_length=True, workers=1)
+    pack_dataset([source], folder / "out", config)
+    return folder / "out"
+
+
+def copy_of(packed: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(packed, target)
+    return target
+
+
+def rewrite(folder: Path, change) -> None:
+    """Rewrite the shard with ``change(columns)`` applied, and refresh the manifest's file entry so the
+    planted fault is the only one (as a buggy writer would leave it, not a corrupted file)."""
+    path = folder / SHARD
+    table = pq.read_table(path)
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    change(columns)
+    pq.write_table(pa.table(columns), path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        if entry["name"] == SHARD:
+            entry.update(file_digest(path), rows=len(columns["input_ids"]))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def faults(report) -> set[str]:
+    return set(report.counts)
+
+
+def test_clean_dataset_passes_and_counts_match_the_manifest(packed):
+    report = verify_packed(packed)
+    assert report.ok, [str(v) for v in report.violations]
+    manifest = json.loads((packed / "manifest.json").read_text())
+    assert report.checked["rows"] == manifest["stats"]["packs"]
+    assert report.checked["sequences"] == manifest["counts"]["packed"]
+    assert report.checked["supervised_tokens"] == manifest["counts"]["supervised_packed"]
+    assert report.settings == {"pack_size": 256, "multiple": 4, "cp": None, "pad_to_max_length": True}
+    assert verify_packed(packed, cp=2).ok  # m=4 = 2*cp, P=256: every segment and the width tail divide
+
+
+def first_row_with(columns, sequences: int) -> int:
+    return next(i for i, starts in enumerate(columns["seq_start_id"]) if len(starts) >= sequences)
+
+
+def longer_mask(columns, row):
+    columns["loss_mask"][row].append(0)
+
+
+def second_start(columns, row, value):
+    columns["seq_start_id"][row][1] = value
+
+
+ROW_FAULTS = {
+    "mask length": (longer_mask, "row", r"loss_mask length \(\d+\) != input_ids length"),
+    "first start": (lambda c, r: c["seq_start_id"][r].__setitem__(0, 1), "row", "must start with 0, got 1"),
+    "empty starts": (lambda c, r: c["seq_start_id"][r].clear(), "row", r"must start with 0 \(it is empty\)"),
+    "start beyond": (lambda c, r: second_start(c, r, 10**6), "row", r"seq_start_id\[1\]=1000000 >= len"),
+    "decreasing": (lambda c, r: second_start(c, r, -3), "row", "not non-decreasing at index 1"),
+    "mask value": (lambda c, r: c["loss_mask"][r].__setitem__(0, 2), "mask", "values other than 0 and 1"),
+    "unshifted mask": (
+        lambda c, r: c["loss_mask"][r].__setitem__(c["seq_start_id"][r][1] - 1, 1),
+        "mask",
+        "not label-aligned",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ROW_FAULTS)
+def test_each_row_fault_is_named_with_its_row(packed, tmp_path, name):
+    change, check, message = ROW_FAULTS[name]
+    folder = copy_of(packed, tmp_path)
+    holder = {}
+
+    def plant(columns):
+        holder["row"] = first_row_with(columns, 2)
+        change(columns, holder["row"])
+
+    rewrite(folder, plant)
+    report = verify_packed(folder)
+    assert check in faults(report), (name, [str(v) for v in report.violations])
+    named = [v for v in report.violations if v.check == check]
+    assert named[0].row == holder["row"] and named[0].file == SHARD
+    assert any(re.search(message, v.message) for v in named), [str(v) for v in named]
+    assert faults(report) <= {check, "manifest", "metadata", "coverage", "width"}  # knock-on effects only
+
+
+def test_supervised_alignment_padding_is_named(packed, tmp_path):
+    folder = copy_of(packed, tmp_path)
+
+    def plant(columns):
+        for row, lengths in enumerate(columns["seq_len"]):
+            for seq, real in enumerate(lengths):
+                start = columns["seq_start_id"][row][seq]
+                end = (columns["seq_start_id"][row] + [len(columns["input_ids"][row])])[seq + 1]
+                if real < end - start - 2:  # a sequence with at least two padding positions
+                    columns["loss_mask"][row][start + real] = 1
+                    return
+
+    rewrite(folder, plant)
+    report = verify_packed(folder)
+    assert {v.check for v in report.violations} == {"mask", "manifest"}  # the supervised count changed too
+    assert any("alignment padding tokens after seq_len" in v.message for v in report.violations)
+
+
+def test_width_alignment_and_cp_faults(packed, tmp_path):
+    too_wide = verify_packed(packed, pack_size=128)
+    assert "width" in faults(too_wide) and "above the pack size 128" in too_wide.violations[0].message
+    misaligned = verify_packed(packed, multiple=8)
+    assert "alignment" in faults(misaligned)
+    assert "not a multiple of the alignment multiple 8" in misaligned.violations[0].message
+    cp4 = verify_packed(packed, cp=4)  # segments are multiples of 4, not of 2 * 4
+    assert {"cp"} <= faults(cp4) and "not divisible by 2 * cp = 8" in cp4.violations[0].message
+
+
+def test_metadata_that_disagrees_with_the_rows(packed, tmp_path):
+    folder = copy_of(packed, tmp_path)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    metadata[0]["max_samples_per_bin"] -= 1
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    report = verify_packed(folder)
+    assert faults(report) == {"metadata"}
+    assert "max_samples_per_bin" in report.violations[0].message
+
+
+def test_manifest_checksums_and_files(packed, tmp_path):
+    folder = copy_of(packed, tmp_path)
+    shutil.copy(folder / SHARD, folder / "packs-00001.idx.parquet")  # a shard left over from another run
+    report = verify_packed(folder)
+    leftover = [v for v in report.violations if v.check == "manifest"]
+    assert leftover[0].file == "packs-00001.idx.parquet" and "not in the manifest" in leftover[0].message
+    (folder / "packs-00001.idx.parquet").unlink()
+
+    with (folder / SHARD).open("r+b") as handle:  # same size, other bytes: a page changed after packing
+        handle.seek(100)
+        byte = handle.read(1)
+        handle.seek(100)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    report = verify_packed(folder)
+    by_check = {}
+    for violation in report.violations:
+        by_check.setdefault(violation.check, violation)
+    assert set(by_check) == {"read", "manifest"}  # the manifest counts also miss the unread rows
+    assert (
+        by_check["read"].file == SHARD and "cannot decode row group 0 (rows 0.." in by_check["read"].message
+    )
+    assert "sha256 differs from the manifest" in by_check["manifest"].message
+    assert report.checked["unreadable_rows"] > 0
+
+
+def test_coverage_duplicates_and_missing_samples(packed, tmp_path):
+    folder = copy_of(packed, tmp_path)
+
+    def duplicate(columns):
+        row = first_row_with(columns, 2)
+        columns["sample_index"][row][1] = columns["sample_index"][row][0]
+
+    rewrite(folder, duplicate)
+    report = verify_packed(folder)
+    assert faults(report) == {"coverage"}
+    messages = [v.message for v in report.violations]
+    assert any("is packed twice" in m for m in messages)
+    assert any("neither packed nor accounted for" in m for m in messages)
+
+
+def test_legacy_npy_faults(packed, tmp_path):
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    rows = [
+        {key: np.asarray(value) for key, value in row.items()}
+        for row in pq.read_table(packed / SHARD).to_pylist()
+    ]
+    write_legacy_npy(folder / "packs.npy", rows)
+    assert verify_packed(folder / "packs.npy", pack_size=256, multiple=4).ok
+    rows[1]["seq_start_id"] = rows[1]["seq_start_id"][::-1].copy()
+    write_legacy_npy(folder / "packs.npy", rows)
+    assert len(read_legacy_npy(folder / "packs.npy")) == len(rows)
+    report = verify_packed(folder / "packs.npy", pack_size=256)
+    assert report.violations[0].row == 1 and report.violations[0].check == "row"
+
+
+def test_megatron_bridge_parquet_without_manifest(packed, tmp_path):
+    table = pq.read_table(packed / SHARD, columns=["input_ids", "loss_mask", "seq_start_id"])
+    pq.write_table(table, tmp_path / "mb.parquet")
+    assert verify_packed(tmp_path / "mb.parquet", pack_size=256, multiple=4).ok
+    report = verify_packed(tmp_path / "mb.parquet", metadata=packed / "metadata.json")
+    assert report.ok and report.settings["pack_size"] == 256
+
+
+def test_cli_exit_status_and_report(packed, tmp_path):
+    def run(*args):
+        command = [sys.executable, "-m", "tightpack.cli", "verify", *map(str, args)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    clean = run(packed)
+    assert clean.returncode == 0 and clean.stdout.startswith("OK: ") and "sequences" in clean.stdout
+    faulty = run(packed, "--cp", 4)
+    assert faulty.returncode == 1 and faulty.stdout.splitlines()[-1].startswith("FAILED: ")
+    assert faulty.stdout.startswith("[cp] file packs-00000.idx.parquet, row ")
+    report = json.loads(run(packed, "--cp", 4, "--json").stdout)
+    assert report["ok"] is False and report["counts"]["cp"] > 0 and report["violations"][0]["row"] is not None
+    missing = run(tmp_path / "nowhere.parquet")
+    assert (
+        missing.returncode == 2 and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
+    )
