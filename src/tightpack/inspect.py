@@ -15,7 +15,7 @@ import numpy as np
 
 from tightpack.core import legacy_npy
 from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
-from tightpack.core.paths import resolve_parquet_spec
+from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
 
 __all__ = ["summarize_packed"]
@@ -53,16 +53,6 @@ def _row_batches(path: str):
         raise TightpackError(f"{path}: cannot read row group {group} ({error})") from error
 
 
-def _files(path: Path) -> list[str]:
-    if path.is_file() and path.suffix.lower() == ".npy":
-        return [str(path)]
-    if path.is_dir() and not any(path.glob("*.parquet")) and not any(path.glob("*.pq")):
-        npy = sorted(str(p) for p in path.glob("*.npy"))
-        if npy:
-            return npy
-    return resolve_parquet_spec(path)
-
-
 def summarize_packed(path: str | Path, *, pack_size: int | None = None) -> dict[str, Any]:
     """Summary of a packed dataset: files, packs, sequences, tokens, supervised tokens, fill.
 
@@ -74,7 +64,7 @@ def summarize_packed(path: str | Path, *, pack_size: int | None = None) -> dict[
     if path.is_dir() and (path / "manifest.json").is_file():
         manifest = json.loads((path / "manifest.json").read_text())
         pack_size = pack_size or manifest["settings"]["packed_sequence_size"]
-    files = _files(path)
+    files = packed_dataset_files(path)
     if not files[0].lower().endswith(".npy"):
         check_shards(files, name=str(path))
     stored, sequences, supervised = [], [], []

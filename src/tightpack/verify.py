@@ -36,7 +36,7 @@ import numpy as np
 from tightpack.core import legacy_npy
 from tightpack.core.checksums import file_digest
 from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
-from tightpack.core.paths import resolve_parquet_spec
+from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
 
 __all__ = ["VerifyReport", "Violation", "verify_packed"]
@@ -165,16 +165,6 @@ def _npy_rows(path: str, first_row: int) -> Iterator[_Rows]:
     if rows and all("seq_len" in row for row in rows):
         batch.seq_len, batch.seq_len_offsets = flat("seq_len")
     yield batch
-
-
-def _files(path: Path) -> list[str]:
-    if path.is_file() and path.suffix.lower() == ".npy":
-        return [str(path)]
-    if path.is_dir() and not any(path.glob("*.parquet")) and not any(path.glob("*.pq")):
-        npy = sorted(str(p) for p in path.glob("*.npy"))
-        if npy:
-            return npy
-    return resolve_parquet_spec(path)
 
 
 class _Totals:
@@ -515,7 +505,7 @@ def verify_packed(
     elif metadata is not None:
         raise TightpackError(f"metadata file not found: {metadata}")
 
-    files = _files(path)
+    files = packed_dataset_files(path)
     report = VerifyReport(str(path), settings, limit=limit)
     if not files[0].lower().endswith(".npy"):
         check_shards(files, name=str(path))

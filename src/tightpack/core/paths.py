@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tightpack.errors import TightpackError
 
-__all__ = ["default_cache_dir", "is_packed_parquet_spec", "resolve_parquet_spec"]
+__all__ = ["default_cache_dir", "is_packed_parquet_spec", "packed_dataset_files", "resolve_parquet_spec"]
 
 
 def default_cache_dir() -> Path:
@@ -148,3 +148,16 @@ def is_packed_parquet_spec(spec: str | os.PathLike) -> bool:
     else:
         return True
     return os.path.isdir(text)
+
+
+def packed_dataset_files(path: str | os.PathLike) -> list[str]:
+    """The files of a packed dataset: a legacy ``.npy`` file, a folder of ``.npy`` files (when it has no
+    Parquet), or a Parquet spec (`resolve_parquet_spec`)."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".npy":
+        return [str(path)]
+    if path.is_dir() and not any(path.glob("*.parquet")) and not any(path.glob("*.pq")):
+        npy = sorted(str(p) for p in path.glob("*.npy"))
+        if npy:
+            return npy
+    return resolve_parquet_spec(path)
