@@ -262,9 +262,9 @@ def inspect(
     manifest = summary.get("manifest")
     if manifest:
         settings = manifest["settings"]
-        table.add_row("algorithm", settings["algorithm"])
-        table.add_row("alignment multiple", str(settings["pad_seq_to_mult"]))
-        table.add_row("tokenizer", manifest["tokenizer"]["name"])
+        table.add_row("algorithm", str(settings.get("algorithm", "?")))
+        table.add_row("alignment multiple", str(settings.get("pad_seq_to_mult", "?")))
+        table.add_row("tokenizer", str(manifest["tokenizer"].get("name", "?")))
         for key, value in manifest["counts"].items():
             table.add_row(f"count {key.replace('_', ' ')}", f"{value:,}")
     stdout.print(table)
@@ -359,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app, turning user errors into one line and exit status 2."""
     try:
         code = app(args=argv, standalone_mode=False)
-    except TightpackError as error:
-        stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+    except TightpackError as error:  # one line, whatever a wrapped library message held
+        stderr.print(f"error: {' '.join(str(error).split())}", markup=False, highlight=False, soft_wrap=True)
         return 2
     except _signals("Exit") as done:
         return done.exit_code

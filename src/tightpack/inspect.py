@@ -53,6 +53,25 @@ def _row_batches(path: str):
         raise TightpackError(f"{path}: cannot read row group {group} ({error})") from error
 
 
+_MANIFEST_KEYS = ("settings", "tokenizer", "counts", "sources")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A tightpack manifest, checked enough to be used: JSON, an object, with its main sections."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TightpackError(f"{path}: not a readable manifest ({error})") from error
+    missing = [key for key in _MANIFEST_KEYS if not isinstance(manifest, dict) or key not in manifest]
+    if missing:
+        raise TightpackError(f"{path}: the manifest lacks {', '.join(missing)}; pack the dataset again")
+    if not isinstance(manifest["settings"], dict) or "packed_sequence_size" not in manifest["settings"]:
+        raise TightpackError(
+            f"{path}: the manifest's settings lack packed_sequence_size; pack the dataset again"
+        )
+    return manifest
+
+
 def summarize_packed(path: str | Path, *, pack_size: int | None = None) -> dict[str, Any]:
     """Summary of a packed dataset: files, packs, sequences, tokens, supervised tokens, fill.
 
@@ -62,7 +81,7 @@ def summarize_packed(path: str | Path, *, pack_size: int | None = None) -> dict[
     path = Path(path)
     manifest = None
     if path.is_dir() and (path / "manifest.json").is_file():
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = read_manifest(path / "manifest.json")
         pack_size = pack_size or manifest["settings"]["packed_sequence_size"]
     files = packed_dataset_files(path)
     if not files[0].lower().endswith(".npy"):

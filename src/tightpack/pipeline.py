@@ -226,6 +226,9 @@ def pack_dataset(
 
         with _stage("plan", 1, progress, times):
             counts, keep, aligned, excluded = _account(store, config, report)
+            if counts["samples_in"] == 0:
+                names = ", ".join(source.name for source in sources)
+                raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
             if not keep.any():
                 raise TightpackError(
                     f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "

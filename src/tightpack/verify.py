@@ -38,6 +38,7 @@ from tightpack.core.checksums import file_digest
 from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
+from tightpack.inspect import read_manifest
 
 __all__ = ["VerifyReport", "Violation", "verify_packed"]
 
@@ -484,9 +485,12 @@ def verify_packed(
             "complete", "this is the work folder of a `tightpack pack` run that did not finish, not a dataset"
         )
         return report
-    manifest = None
+    manifest, manifest_fault = None, None
     if folder is not None and (folder / MANIFEST_NAME).is_file():
-        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+        try:
+            manifest = read_manifest(folder / MANIFEST_NAME)
+        except TightpackError as error:
+            manifest_fault = str(error)
     saved = (manifest or {}).get("settings", {})
     settings = {
         "pack_size": pack_size or saved.get("packed_sequence_size"),
@@ -497,16 +501,25 @@ def verify_packed(
     entries: list[dict] = []
     metadata_path = Path(metadata) if metadata else (folder / METADATA_NAME if folder else None)
     if metadata_path is not None and metadata_path.is_file():
-        loaded = json.loads(metadata_path.read_text())
+        try:
+            loaded = json.loads(metadata_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise TightpackError(f"{metadata_path}: not readable metadata ({error})") from error
         entries = loaded if isinstance(loaded, list) else [loaded]
+        if not all(isinstance(entry, dict) for entry in entries):
+            raise TightpackError(f"{metadata_path}: metadata must be a JSON list of objects")
         settings["pack_size"] = (
-            settings["pack_size"] or max(entry.get("pack_size", 0) for entry in entries) or None
+            settings["pack_size"]
+            or max((entry.get("pack_size") or 0 for entry in entries), default=0)
+            or None
         )
     elif metadata is not None:
         raise TightpackError(f"metadata file not found: {metadata}")
 
     files = packed_dataset_files(path)
     report = VerifyReport(str(path), settings, limit=limit)
+    if manifest_fault is not None:
+        report.add("manifest", manifest_fault)
     if not files[0].lower().endswith(".npy"):
         check_shards(files, name=str(path))
     totals = _Totals()

@@ -33,28 +33,52 @@ def _from_arrow(
         )
     bad: list[tuple[int, str]] = []
 
-    def flat(column) -> tuple[np.ndarray, np.ndarray]:
+    def flat(column, what: str, bool_ok: bool) -> tuple[np.ndarray, np.ndarray]:
         if not pa.types.is_list(column.type) and not pa.types.is_large_list(column.type):
             raise TightpackError(f"{source}: column of type {column.type} is not a list of integers")
-        nulls = np.asarray(column.is_null())
         lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
         values = column.flatten()
-        if not pa.types.is_integer(values.type) and not pa.types.is_boolean(values.type):
-            raise TightpackError(f"{source}: list values of type {values.type} are not integers")
-        bad.extend((int(row), "null list") for row in np.flatnonzero(nulls))
+        allowed = pa.types.is_integer(values.type) or (bool_ok and pa.types.is_boolean(values.type))
+        if not allowed:
+            raise TightpackError(f"{source}: {what} values of type {values.type} are not integers")
+        bad.extend((int(row), f"{what} is null") for row in np.flatnonzero(np.asarray(column.is_null())))
+        if values.null_count:
+            offsets = np.concatenate(([0], np.cumsum(lengths)))
+            at = np.flatnonzero(np.asarray(values.is_null()))
+            rows = np.searchsorted(offsets, at, side="right") - 1
+            bad.extend((int(row), f"{what} holds a null value") for row in np.unique(rows))
+            values = values.fill_null(0)
         return lengths, values.to_numpy(zero_copy_only=False).astype(np.int64)
 
-    lengths, ids = flat(batch.column(TOKENS_KEY))
-    mask = None
-    if MASK_KEY in batch.schema.names:
-        mask_lengths, mask = flat(batch.column(MASK_KEY))
-        bad.extend(
-            (int(row), f"{MASK_KEY} has a different length than {TOKENS_KEY}")
-            for row in np.flatnonzero(mask_lengths != lengths)
-        )
-        if bad:
-            return lengths, ids, None, bad
+    lengths, ids = flat(batch.column(TOKENS_KEY), TOKENS_KEY, bool_ok=False)
+    if MASK_KEY not in batch.schema.names:
+        return lengths, ids, None, bad
+    mask_lengths, values = flat(batch.column(MASK_KEY), MASK_KEY, bool_ok=True)
+    fits = mask_lengths == lengths
+    bad.extend(
+        (int(row), f"{MASK_KEY} has a different length than {TOKENS_KEY}") for row in np.flatnonzero(~fits)
+    )
+    if fits.all():
+        return lengths, ids, values, bad
+    # Keep the masks of the rows whose lengths agree, token for token; the others are dropped as bad.
+    row_of_token = np.repeat(np.arange(len(lengths)), lengths)
+    position = np.arange(len(ids)) - (np.cumsum(lengths) - lengths)[row_of_token]
+    kept = fits[row_of_token]
+    mask = np.zeros(len(ids), dtype=np.int64)
+    mask_starts = np.cumsum(mask_lengths) - mask_lengths
+    mask[kept] = values[mask_starts[row_of_token[kept]] + position[kept]]
     return lengths, ids, mask, bad
+
+
+def _integers(value: Any, key: str, *, bool_ok: bool) -> np.ndarray:
+    """A JSON list of integers (and booleans where ``bool_ok``) as int64; anything else is refused."""
+    allowed = {int, bool} if bool_ok else {int}
+    if not isinstance(value, list) or not set(map(type, value)) <= allowed:
+        raise ValueError(f"{key!r} must be a list of {'0/1 integers' if bool_ok else 'integers'}")
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except OverflowError:
+        raise ValueError(f"{key!r} holds an integer beyond int64") from None
 
 
 def _from_rows(rows: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, list[tuple[int, str]]]:
@@ -69,12 +93,13 @@ def _from_rows(rows: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | No
                 raise ValueError(
                     f"missing key {TOKENS_KEY!r} (keys found: {', '.join(sorted(map(str, row))) or 'none'})"
                 )
-            row_ids = np.asarray(row[TOKENS_KEY])
-            if row_ids.ndim != 1 or (len(row_ids) and not np.issubdtype(row_ids.dtype, np.integer)):
-                raise ValueError(f"{TOKENS_KEY!r} must be a list of integers")
-            row_mask = np.asarray(row.get(MASK_KEY, np.ones(len(row_ids), np.int64)))
-            if row_mask.shape != row_ids.shape:
-                raise ValueError(f"{MASK_KEY} has a different length than {TOKENS_KEY}")
+            row_ids = _integers(row[TOKENS_KEY], TOKENS_KEY, bool_ok=False)
+            if MASK_KEY in row:
+                row_mask = _integers(row[MASK_KEY], MASK_KEY, bool_ok=True)
+                if row_mask.shape != row_ids.shape:
+                    raise ValueError(f"{MASK_KEY} has a different length than {TOKENS_KEY}")
+            else:
+                row_mask = np.ones(len(row_ids), np.int64)
         except ValueError as error:
             bad.append((row_number, str(error)))
             row_ids, row_mask = np.zeros(0, np.int64), np.zeros(0, np.int64)

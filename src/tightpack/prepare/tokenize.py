@@ -107,11 +107,17 @@ def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
         return
     for offset, line in enumerate(chunk.lines):
         try:
-            yield offset, json.loads(line.decode("utf-8"))
+            text = line.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as error:
             yield offset, RowError(f"invalid UTF-8 at byte {error.start} of the line")
-        except json.JSONDecodeError as error:
-            yield offset, RowError(f"malformed JSON: {error.msg} at column {error.colno}")
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as error:  # some messages end in "at" already
+            row = RowError(f"malformed JSON: {error.msg.removesuffix(' at')} at column {error.colno}")
+        except RecursionError:
+            row = RowError("malformed JSON: nested too deeply")
+        yield offset, row
 
 
 def _supervised_tokens(encoding, text: str, spans, n_tokens: int) -> list[tuple[int, int]]:
@@ -151,10 +157,24 @@ def _render_chunk(encoder: Encoder, chunk: Chunk) -> tuple[list[tuple[int, Rende
         try:
             if isinstance(row, RowError):
                 raise row
-            rendered.append((offset, render_row(row, config, template, special)))
+            sample = render_row(row, config, template, special)
+            _check_encodable(sample.text)
+            rendered.append((offset, sample))
         except RowError as error:
             bad_rows.append(BadRow(chunk.first_sample + offset, chunk.location(offset), str(error)))
     return rendered, bad_rows
+
+
+def _check_encodable(text: str) -> None:
+    """JSON can spell lone surrogates (``"\\ud800"``), which are not text a tokenizer accepts."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            code = ord(text[error.start])
+            raise RowError(
+                f"the text holds a lone surrogate (U+{code:04X}), which is not valid Unicode"
+            ) from None
 
 
 def _encode(encoder: Encoder, rendered: list[tuple[int, Rendered]]) -> list:
