@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 SOURCES := pyproject.toml setup.py constraints.txt src/tightpack/core/_firstfit.c
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test fuzz lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -q
+
+# Every property test (hypothesis marks them) with the deeper `fuzz` profile of tests/conftest.py: 30x the
+# examples of `make test`. The statistics report how many examples each test ran.
+fuzz: $(VENV)/.installed-dev
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m "hypothesis and not slow" --hypothesis-show-statistics tests
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks

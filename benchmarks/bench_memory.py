@@ -69,7 +69,7 @@ def main() -> None:
         size_mib = corpus.stat().st_size / 2**20
         print(f"synthetic corpus: {samples:,} samples, {tokens:,} tokens, {size_mib:,.0f} MiB")
         command = [tightpack, "pack", str(corpus), "--format", "tokens", "--pack-size", str(args.pack_size)]
-        command += ["-o", str(scratch / "out"), "--workers", str(args.workers)]
+        command += ["-o", str(scratch / "out"), "--workers", str(args.workers), "--no-reuse"]
         start = time.perf_counter()
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         seconds = time.perf_counter() - start

@@ -97,6 +97,7 @@ def main() -> None:
                 "-o",
                 str(scratch / "out"),
                 "--overwrite",
+                "--no-reuse",  # tokenize every time: a reused token store would skip what is measured
             ]
             times = {"baseline": [], "pack": []}
             for _ in range(args.repeats):  # interleaved, so that a drift of the machine hits both sides

@@ -1,14 +1,60 @@
-"""Shared fixtures: the built-in tokenizer, and small real JSONL corpora written to tmp_path."""
+"""Shared fixtures: the built-in tokenizer, and small real JSONL corpora written to tmp_path.
+
+Also the hypothesis profiles, chosen by the environment variable ``HYPOTHESIS_PROFILE``:
+
+- ``default`` (what ``make test`` runs): 100 examples per property test unless the test says otherwise.
+- ``fuzz`` (``make fuzz``): every example count times ``FUZZ_MULTIPLIER`` (30), for deeper runs.
+
+A per-test ``max_examples`` overrides the profile, so it must scale with it: write
+``@settings(max_examples=examples(n), deadline=None)`` (``n`` in ``default``, 30n in ``fuzz``), or, without
+importing this module, ``max_examples=k * settings.default.max_examples`` (``settings.default`` is the
+loaded profile: 100k, or 3000k). A test without its own ``max_examples`` runs the profile's.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
+
+# --- hypothesis profiles -----------------------------------------------------------------------------
+
+FUZZ_MULTIPLIER = 30
+EXAMPLE_MULTIPLIERS = {"default": 1, "fuzz": FUZZ_MULTIPLIER}
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
+if HYPOTHESIS_PROFILE not in EXAMPLE_MULTIPLIERS:
+    raise pytest.UsageError(
+        f"HYPOTHESIS_PROFILE={HYPOTHESIS_PROFILE!r}: the profiles are {sorted(EXAMPLE_MULTIPLIERS)}"
+    )
+
+settings.register_profile("default", deadline=None, max_examples=100, print_blob=True)
+settings.register_profile(
+    "fuzz",
+    deadline=None,
+    max_examples=100 * FUZZ_MULTIPLIER,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def examples(count: int) -> int:
+    """``count`` examples scaled to the active profile (``count`` in ``default``, 30x in ``fuzz``)."""
+    return count * EXAMPLE_MULTIPLIERS[HYPOTHESIS_PROFILE]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory) -> Path:
+    """Indexes and token stores of the tests (and of the CLI runs they start) stay out of ~/.cache."""
+    folder = tmp_path_factory.mktemp("tightpack-cache")
+    os.environ["TIGHTPACK_CACHE"] = str(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ segments = st.integers(1, 4).flatmap(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=3 * settings.default.max_examples // 2, deadline=None)
 @given(segments)
 def test_partition_matches_the_contract_and_balances_every_segment(case):
     world, chunks = case
@@ -136,3 +136,10 @@ def test_masked_token_loss_and_its_checks():
     with pytest.raises(TightpackError, match=r"losses \(1, 3\) and loss mask \(1, 2\) differ"):
         masked_token_loss(losses, torch.ones(1, 2))
     assert global_mean_loss(torch.tensor(0.0), torch.tensor(0)) == 0  # no supervised token: no NaN
+
+
+def test_unpacked_two_dimensional_attention_mask_is_cut_along_the_sequence():
+    batch = {"tokens": torch.arange(16).view(2, 8), "attention_mask": torch.arange(16).view(2, 8) % 3 > 0}
+    shard = slice_for_cp_rank(batch, 2, 1)
+    assert torch.equal(shard["attention_mask"], batch["attention_mask"][:, 2:6])
+    assert shard["tokens"].tolist() == [[2, 3, 4, 5], [10, 11, 12, 13]]

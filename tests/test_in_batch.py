@@ -260,7 +260,7 @@ def test_packing_path_of_the_policy():
     assert batch["cu_seqlens_q_padded"].tolist() == [0, 4, 8] and batch["padding_mask"].shape == (1, 8)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=3 * settings.default.max_examples, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 12), min_size=1, max_size=6),
     multiple=st.integers(1, 8),

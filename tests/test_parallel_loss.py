@@ -194,13 +194,13 @@ def test_dp2_and_cp2_match_one_unpacked_process(tmp_path):
     scenarios = {
         "dp": (1, [packs[0::2], packs[1::2]]),
         "dp_silent_rank": (1, [packs, [silent]]),
-        "cp": (2, [packs + [rank0_only], packs + [rank0_only]]),
+        "cp": (2, [[*packs, rank0_only], [*packs, rank0_only]]),
         "cp_silent_shard": (2, [[rank0_only], [rank0_only]]),
     }
     expected = {
         "dp": reference(packs),
-        "dp_silent_rank": reference(packs + [silent]),
-        "cp": reference(packs + [rank0_only]),
+        "dp_silent_rank": reference([*packs, silent]),
+        "cp": reference([*packs, rank0_only]),
         "cp_silent_shard": reference([rank0_only]),
     }
     assert len(online) > 1 and len(offline) > 1 and {"tokens", "input_ids"} <= {k for p in packs for k in p}

@@ -21,7 +21,7 @@ from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
 from tightpack.errors import TightpackError
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
-PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
+PROPERTY_SETTINGS = settings(max_examples=2 * settings.default.max_examples, deadline=None)
 
 
 # --- slow references -------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def subset_sums(lengths: list[int], capacity: int) -> list[tuple[int, frozenset[
     ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=3 * settings.default.max_examples, deadline=None)
 @given(lengths_and_capacity, st.data())
 def test_best_subset_is_the_fullest_and_holds_first_when_it_can(case, data):
     lengths, capacity = case
@@ -35,7 +35,7 @@ def test_best_subset_is_the_fullest_and_holds_first_when_it_can(case, data):
         assert first in chosen
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=3 * settings.default.max_examples, deadline=None)
 @given(lengths_and_capacity)
 def test_fill_groups_places_every_index_once_within_capacity(case):
     lengths, capacity = case

@@ -46,7 +46,7 @@ def test_moe_padding_mask_checks(logical, physical, total, message):
         moe_padding_mask(torch.tensor(logical), torch.tensor(physical), total)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=2 * settings.default.max_examples, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 9), min_size=1, max_size=5),
     multiple=st.integers(1, 4),

@@ -160,14 +160,12 @@ class PackedCollate:
             "token_count": [len(row.inputs) for row in split],
             "attention_mask": None,
         }
-        if self.pad_cu_seqlens:
+        if self.pad_cu_seqlens:  # static shapes; logical and physical boundaries keep the same length
             slots = self.metadata.max_samples_per_bin + 2
             physical = [_extend(b, max(slots, len(b)), fill=width) for b in physical]
-            logical_static = [_extend(b, max(slots, len(b))) for b in logical]
+            logical = [_extend(b, max(slots, len(b))) for b in logical]
         if self.legacy_keys:
             return {**batch, **_legacy_boundaries(physical, logical, aligned)}
-        if self.pad_cu_seqlens:
-            logical = logical_static
         count = max(len(b) for b in physical + logical)
         cu = torch.from_numpy(np.stack([_extend(b, count) for b in physical]).astype(np.int32))
         if self.pad_cu_seqlens:
@@ -238,10 +236,10 @@ def _legacy_boundaries(physical: list[np.ndarray], logical: list[np.ndarray], al
 
 def _strip_trailing(inputs: np.ndarray, bounds: np.ndarray, eos_id: int) -> np.ndarray:
     """Per segment ``[bounds[i], bounds[i+1])``: 1 + the offset of its last non-EOS token (0 if none)."""
-    if len(inputs) == 0:
-        return np.zeros(len(bounds) - 1, dtype=np.int64)
-    kept = np.where(inputs != eos_id, np.arange(1, len(inputs) + 1), 0)
-    segment_ends = np.maximum.reduceat(kept, np.minimum(bounds[:-1], len(inputs) - 1))
+    # One 0 past the end, so that a trailing empty segment (start == len(inputs)) is a valid start and
+    # the segment before it still reduces over all of its inputs.
+    kept = np.append(np.where(inputs != eos_id, np.arange(1, len(inputs) + 1), 0), 0)
+    segment_ends = np.maximum.reduceat(kept, bounds[:-1])
     empty = bounds[1:] == bounds[:-1]
     return np.where(empty, 0, np.maximum(segment_ends - bounds[:-1], 0))
 

@@ -97,7 +97,7 @@ def slice_for_cp_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> d
     Packed batches (``cu_seqlens_q`` / ``cu_seqlens_q_padded`` or legacy ``cu_seqlens``) must hold one
     physical row whose segments are multiples of ``2 * cp_size``; unpacked ``[B, S]`` batches need
     ``S`` divisible by ``2 * cp_size``. Sliced: every tensor whose sequence dimension (dim 1; dim 2 for
-    ``attention_mask`` and ``mrope_position_ids``) has the row's width: tokens, labels, loss_mask,
+    a 4-D ``attention_mask`` and ``mrope_position_ids``) has the row's width: tokens, labels, loss_mask,
     position_ids, padding_mask, multimodal positions. Boundaries, ``max_seqlen*``, ``total_tokens``,
     visual tensors and other metadata pass through; a packed batch's ``attention_mask`` too.
 
@@ -133,8 +133,11 @@ def slice_for_cp_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> d
         skip.add("attention_mask")
     shard = dict(batch)
     for key, value in batch.items():
-        dim = _SEQUENCE_DIM.get(key, 1)
-        if key in skip or not isinstance(value, torch.Tensor) or value.dim() <= dim:
+        if key in skip or not isinstance(value, torch.Tensor):
+            continue
+        # A 4-D attention mask [B, 1, S, S] is cut along its query rows; a 2-D one [B, S] along S.
+        dim = 1 if key == "attention_mask" and value.dim() == 2 else _SEQUENCE_DIM.get(key, 1)
+        if value.dim() <= dim:
             continue
         if value.shape[dim] == width:
             shard[key] = value.index_select(dim, index.to(value.device))
