@@ -91,11 +91,13 @@ class StoreCache:
         return target
 
     def _prune(self, spare: Path) -> None:
-        finished = [
-            f for f in self.root.iterdir() if not f.name.startswith(".") and (f / _INFO_FILE).exists()
-        ]
-        finished.sort(key=lambda folder: folder.stat().st_mtime, reverse=True)
-        for folder in finished[self.keep :]:
+        """Remove all but the ``keep`` most recently used stores (another run may prune at the same time)."""
+        used = []
+        for folder in self.root.iterdir():
+            with contextlib.suppress(OSError):
+                if not folder.name.startswith(".") and (folder / _INFO_FILE).exists():
+                    used.append((folder.stat().st_mtime, folder))
+        used.sort(reverse=True)
+        for _, folder in used[self.keep :]:
             if folder != spare:
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(folder)
+                shutil.rmtree(folder, ignore_errors=True)
