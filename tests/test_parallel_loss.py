@@ -70,10 +70,9 @@ def samples_of(batch: dict) -> list[tuple[torch.Tensor, ...]]:
     """Every real sequence of a packed row: (tokens, labels, loss_mask), each ``[1, n]``."""
     logical = batch["cu_seqlens_q"].flatten().tolist()
     starts = physical_boundaries(batch).tolist()
+    keys = ("tokens" if "tokens" in batch else "input_ids", "labels", "loss_mask")
     return [
-        tuple(batch[key][:, start : start + end - begin] for key in ("tokens", "labels", "loss_mask"))
-        if "tokens" in batch
-        else tuple(batch[key][:, start : start + end - begin] for key in ("input_ids", "labels", "loss_mask"))
+        tuple(batch[key][:, start : start + end - begin] for key in keys)
         for begin, end, start in zip(logical[:-1], logical[1:], starts, strict=False)
         if end > begin
     ]

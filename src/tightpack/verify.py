@@ -35,7 +35,7 @@ import numpy as np
 
 from tightpack.core import legacy_npy
 from tightpack.core.checksums import file_digest
-from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
+from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards, flat_list_column
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
 from tightpack.inspect import read_manifest
@@ -113,10 +113,9 @@ class _Rows:
 
 
 def _flat(column) -> tuple[np.ndarray, np.ndarray]:
-    column = column.combine_chunks()
-    offsets = column.offsets.to_numpy().astype(np.int64)
-    values = column.values.to_numpy(zero_copy_only=False).astype(np.int64)
-    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+    """(int64 values, per-row offsets) of a list column."""
+    values, lengths = flat_list_column(column)
+    return values.astype(np.int64), np.concatenate(([0], np.cumsum(lengths)))
 
 
 def _parquet_rows(path: str, report: VerifyReport, totals: _Totals) -> Iterator[_Rows]:
@@ -188,53 +187,35 @@ def _check_rows(batch: _Rows, settings: dict[str, Any], report: VerifyReport, to
     row_of_seq = np.repeat(np.arange(num_rows), counts)
     bad = np.zeros(num_rows, dtype=bool)
 
-    mask_len = np.diff(batch.mask_offsets)
-    for row in np.flatnonzero(mask_len != row_len):
-        report.add(
-            "row",
-            f"loss_mask length ({mask_len[row]}) != input_ids length ({row_len[row]})",
-            file=file,
-            row=batch.first_row + int(row),
-        )
-        bad[row] = True
-    for row in np.flatnonzero(counts == 0):
-        report.add(
-            "row", "seq_start_id must start with 0 (it is empty)", file=file, row=batch.first_row + int(row)
-        )
-        bad[row] = True
-    firsts = batch.start_offsets[:-1][counts > 0]
-    for row, value in zip(np.flatnonzero(counts > 0), batch.starts[firsts], strict=True):
-        if value != 0:
-            report.add(
-                "row",
-                f"seq_start_id must start with 0, got {value}",
-                file=file,
-                row=batch.first_row + int(row),
-            )
-            bad[row] = True
-    beyond = np.flatnonzero(batch.starts >= row_len[row_of_seq])
     position = np.arange(len(batch.starts)) - batch.start_offsets[row_of_seq]
-    for seq in beyond:
-        row = row_of_seq[seq]
-        report.add(
-            "row",
-            f"seq_start_id[{position[seq]}]={batch.starts[seq]} >= len(input_ids)={row_len[row]}",
-            file=file,
-            row=batch.first_row + int(row),
-            sequence=int(position[seq]),
-        )
-        bad[row] = True
     same_row = row_of_seq[1:] == row_of_seq[:-1]
-    for seq in np.flatnonzero(same_row & (np.diff(batch.starts) < 0)) + 1:
-        row = row_of_seq[seq]
-        report.add(
-            "row",
-            f"seq_start_id is not non-decreasing at index {position[seq]}",
-            file=file,
-            row=batch.first_row + int(row),
-            sequence=int(position[seq]),
-        )
-        bad[row] = True
+
+    def unsound_rows(selected: np.ndarray, message) -> None:
+        for row in np.flatnonzero(selected):
+            report.add("row", message(row), file=file, row=batch.first_row + int(row))
+        bad[selected] = True
+
+    def unsound_sequences(selected: np.ndarray, message) -> None:
+        for seq in np.flatnonzero(selected):
+            row = batch.first_row + int(row_of_seq[seq])
+            report.add("row", message(seq), file=file, row=row, sequence=int(position[seq]))
+        bad[row_of_seq[selected]] = True
+
+    mask_len = np.diff(batch.mask_offsets)
+    unsound_rows(
+        mask_len != row_len, lambda r: f"loss_mask length ({mask_len[r]}) != input_ids length ({row_len[r]})"
+    )
+    unsound_rows(counts == 0, lambda r: "seq_start_id must start with 0 (it is empty)")
+    first = np.zeros(num_rows, dtype=np.int64)
+    first[counts > 0] = batch.starts[batch.start_offsets[:-1][counts > 0]]
+    unsound_rows(first != 0, lambda r: f"seq_start_id must start with 0, got {first[r]}")
+    unsound_sequences(
+        batch.starts >= row_len[row_of_seq],
+        lambda s: f"seq_start_id[{position[s]}]={batch.starts[s]} >= len(input_ids)={row_len[row_of_seq[s]]}",
+    )
+    decreasing = np.zeros(len(batch.starts), dtype=bool)
+    decreasing[1:] = same_row & (np.diff(batch.starts) < 0)
+    unsound_sequences(decreasing, lambda s: f"seq_start_id is not non-decreasing at index {position[s]}")
 
     # Sequences of structurally sound rows: global [start, end) over the flat token columns.
     good_seq = ~bad[row_of_seq]

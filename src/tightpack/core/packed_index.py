@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from tightpack.errors import TightpackError
 
-__all__ = ["REQUIRED_COLUMNS", "PackedIndex", "check_shards", "index_key"]
+__all__ = ["REQUIRED_COLUMNS", "PackedIndex", "check_shards", "flat_list_column", "index_key"]
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 _FORMAT_VERSION = 1
@@ -72,7 +72,7 @@ def index_key(files: list[str]) -> str:
     return hashlib.sha256(json.dumps([_FORMAT_VERSION, identity]).encode()).hexdigest()[:24]
 
 
-def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+def flat_list_column(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(values, per-row lengths) of a list column, without Python objects."""
     array = column.combine_chunks()
     lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -91,9 +91,9 @@ def _build(files: list[str], folder: Path) -> None:
             parquet = pq.ParquetFile(file)
             for group in range(parquet.num_row_groups):
                 table = parquet.read_row_group(group, columns=columns)
-                ids, id_lengths = _flat(table.column("input_ids"))
-                mask, mask_lengths = _flat(table.column("loss_mask"))
-                starts, start_counts = _flat(table.column("seq_start_id"))
+                ids, id_lengths = flat_list_column(table.column("input_ids"))
+                mask, mask_lengths = flat_list_column(table.column("loss_mask"))
+                starts, start_counts = flat_list_column(table.column("seq_start_id"))
                 if not np.array_equal(id_lengths, mask_lengths):
                     row = int(np.flatnonzero(id_lengths != mask_lengths)[0])
                     raise TightpackError(
@@ -103,7 +103,9 @@ def _build(files: list[str], folder: Path) -> None:
                 handles["loss_mask"].write(mask.astype(np.int8).tobytes())
                 handles["seq_start_id"].write(starts.astype(np.int64).tobytes())
                 if has_seq_len:
-                    handles["seq_len"].write(_flat(table.column("seq_len"))[0].astype(np.int64).tobytes())
+                    handles["seq_len"].write(
+                        flat_list_column(table.column("seq_len"))[0].astype(np.int64).tobytes()
+                    )
                 row_lengths.append(id_lengths)
                 seq_counts.append(start_counts)
     finally:

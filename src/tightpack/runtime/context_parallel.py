@@ -23,6 +23,7 @@ import torch.distributed as dist
 from tightpack.errors import TightpackError
 from tightpack.runtime.adapters import physical_boundaries
 from tightpack.runtime.in_batch import VISUAL_KEYS, _ranks
+from tightpack.runtime.masks import document_ids
 
 __all__ = ["cp_attention", "slice_for_cp_rank", "thd_partition_indices"]
 
@@ -188,9 +189,8 @@ def cp_attention(
     order = torch.cat(positions)
     keys = keys.flatten(0, 1)[order.argsort()].transpose(0, 1)  # [heads, T, dim], global order
     values = values.flatten(0, 1)[order.argsort()].transpose(0, 1)
-    cu = boundaries.long()
-    documents = torch.repeat_interleave(torch.arange(len(cu) - 1, device=cu.device), cu.diff())
+    documents = document_ids({"cu_seqlens_q": boundaries})
     allowed = (documents[index][:, None] == documents[None, :]) & (
-        torch.arange(len(documents), device=cu.device)[None, :] <= index[:, None]
+        torch.arange(len(documents), device=documents.device)[None, :] <= index[:, None]
     )
     return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import torch
 
+from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.planner import plan_packs
 from tightpack.core.subset_fill import fill_groups
 from tightpack.errors import TightpackError, check_choice
@@ -119,7 +120,7 @@ class PackingTaskEncoderMixin:
                 f"Sample {_key(sample)} needs a non-empty 1-D input_ids tensor for packing, got "
                 f"{_describe(tokens)}; return a PreparedSample from encode_sample"
             )
-        aligned = -(-len(tokens) // multiple) * multiple
+        aligned = ceil_to_multiple(len(tokens), multiple)
         if aligned > size:
             raise TightpackError(
                 f"Sample {_key(sample)} aligned sequence length {aligned} exceeds seq_length={size}. "

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from tightpack.core.alignment import ceil_to_multiple
+
 __all__ = [
     "VISUAL_KEYS",
     "build_thd_from_rows",
@@ -108,8 +110,7 @@ def build_thd_from_rows(
         if all(has):
             present.append(key)
 
-    m = pad_to_multiple_of
-    padded = [-(-n // m) * m for n in lengths]
+    padded = [ceil_to_multiple(n, pad_to_multiple_of) for n in lengths]
     if pad_to_max_length:
         if sum(padded) > sequence_length:
             raise ValueError(
@@ -298,7 +299,7 @@ def pad_or_truncate_batch(
     token_key = _token_key(batch)
     width = batch[token_key].shape[1]
     multiple = max(1, pad_to_multiple_of)
-    target = sequence_length if pad_to_max_length else min(sequence_length, -(-width // multiple) * multiple)
+    target = sequence_length if pad_to_max_length else min(sequence_length, ceil_to_multiple(width, multiple))
     mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() != 2:
         raise ValueError(

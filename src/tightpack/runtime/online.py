@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import torch
 
+from tightpack.core.alignment import ceil_to_multiple, length_cap
 from tightpack.core.planner import plan_packs
 from tightpack.core.subset_fill import best_subset
 from tightpack.errors import TightpackError
@@ -157,13 +158,10 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     # -- reading ------------------------------------------------------------------------------------
 
-    def _aligned(self, length: int) -> int:
-        return -(-length // self.multiple) * self.multiple
-
     def _admit(self, sample: dict[str, Any], arrival: int, *, count: bool = True) -> _Candidate | None:
         """The candidate of a sample, after the long-sample policy (counted unless ``count`` is False)."""
         tokens = length = len(sample["input_ids"])
-        if self._aligned(length) > self.pack_size:
+        if ceil_to_multiple(length, self.multiple) > self.pack_size:
             if self.long_samples == "error":
                 raise TightpackError(
                     f"sample {sample['key']!r} has {length} tokens, above the pack size {self.pack_size}; "
@@ -173,13 +171,15 @@ class OnlinePacker(torch.utils.data.IterableDataset):
                 self.counts["dropped"] += count
                 return None
             self.counts["truncated"] += count
-            keep = self.pack_size // self.multiple * self.multiple
+            keep = length_cap(self.pack_size, self.multiple)
             sample = {
                 k: v[:keep] if isinstance(v, torch.Tensor) and v.dim() == 1 else v for k, v in sample.items()
             }
             length = keep
         nbytes = sum(v.nbytes for v in sample.values() if isinstance(v, torch.Tensor))
-        return _Candidate(sample["key"], sample, self._aligned(length), arrival, tokens, nbytes)
+        return _Candidate(
+            sample["key"], sample, ceil_to_multiple(length, self.multiple), arrival, tokens, nbytes
+        )
 
     def _hold(self, candidate: _Candidate) -> None:
         self.buffer.append(candidate)

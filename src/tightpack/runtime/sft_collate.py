@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from tightpack.core.alignment import ceil_to_multiple
 from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenize import Encoder
@@ -160,7 +161,7 @@ class TextSFTCollator:
         if self.pad_to_max_length:
             width = self.max_length
         else:
-            width = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            width = ceil_to_multiple(longest, self.pad_to_multiple_of)
             width = min(width, self.max_length) if self.max_length else width
         pads = {
             "input_ids": self.pad_token_id,
