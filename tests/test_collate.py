@@ -7,10 +7,14 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from tightpack.errors import TightpackError
 from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.prepare.formats import FormatConfig
 from tightpack.runtime.collate import PackedCollate, PackingMetadata
+from tightpack.runtime.dataset import PackedDataset
+from tightpack.runtime.samplers import PackedBatchSampler
 
 from .conftest import write_jsonl
 
@@ -182,3 +186,68 @@ def test_split_microbatches_gives_one_packed_row_each():
     assert params.cu_seqlens_q.tolist() == [0, 3, 6, 7] and params.max_seqlen_q == 3
     with pytest.raises(ValueError, match="Batch size 3 is not divisible by num_microbatches 2"):
         split_microbatches(batch, 2)
+
+
+def test_padding_rows_add_no_loss_when_the_mask_is_rebuilt_from_tokens(tmp_path, chat_rows):
+    # The sampler pads the last global batch with -1; PackedDataset gives such a row real tokens and a
+    # zero mask. With answer_only_loss=False the collate rebuilds the mask from the tokens (as the
+    # reference does), so it must know the row is padding instead of reading it off the mask.
+    source = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=256, workers=1))
+    dataset = PackedDataset(tmp_path / "out", cache_dir=tmp_path / "cache")
+    sampler = PackedBatchSampler(len(dataset), dataloader_type="batch", micro_batch_size=1,
+                                 global_batch_size=len(dataset) - 1, drop_last=False)  # fmt: skip
+    indices = list(sampler)[-1]
+    assert indices[0] >= 0 and indices[1:] == [-1] * (len(dataset) - 2)
+    rows = [dataset[i] for i in indices]
+
+    every_token = PackedCollate(pack_size=256, eos_id=50256, answer_only_loss=False, pad_to_max_length=True)
+    batch = every_token(rows)
+    assert not batch["loss_mask"][1:].any()
+    real = every_token([dataset[indices[0]], dataset[len(dataset) - 1]])
+    assert batch["loss_mask"][0].tolist() == real["loss_mask"][0].tolist()
+    assert real["loss_mask"][0].any() and real["loss_mask"][1].any()  # the same tokens, not padding
+    assert batch["tokens"][1].tolist() == real["tokens"][1].tolist()
+
+    # answer_only_loss=True already had zero loss there: the reference's rows (no marker) give the same.
+    answer_only = PackedCollate(pack_size=256, eos_id=50256, pad_to_max_length=True)
+    unmarked = [{key: value for key, value in r.items() if key != "padding_row"} for r in rows]
+    ours, reference = answer_only(rows), answer_only(unmarked)
+    assert ours.keys() == reference.keys()
+    for key, value in ours.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, reference[key]), key
+        else:
+            assert value == reference[key], key
+    assert not ours["loss_mask"][1:].any() and ours["loss_mask"][0].any()
+
+
+def test_logical_lengths_from_seq_len_where_eos_stripping_cuts_a_supervised_token(tmp_path):
+    # A sample whose content ends with the EOS id (a template closing its turn with EOS), then the EOS
+    # every sample ends with: stored [10, 11, EOS, EOS] (runtime length 3), aligned to 4 with one more
+    # EOS. Its inputs are [10, 11, EOS, EOS(pad)]; the third one (EOS -> EOS) is supervised.
+    eos = 50256
+    samples = [
+        {"input_ids": [10, 11, eos, eos], "loss_mask": [0, 1, 1, 1]},
+        {"input_ids": [20, 21, 22], "loss_mask": [0, 1, 1]},  # EOS appended: both rules agree
+    ]
+    config = PackConfig(packed_sequence_size=4, pad_seq_to_mult=4, format=FormatConfig(format="tokens"),
+                        workers=1)  # fmt: skip
+    pack_dataset(samples, tmp_path / "out", config)
+    dataset = PackedDataset(tmp_path / "out", cache_dir=tmp_path / "cache")
+    rows = sorted((dataset[i] for i in range(len(dataset))), key=lambda r: int(r["input_ids"][0]))
+    assert [r["input_ids"].tolist() for r in rows] == [[10, 11, eos, eos, eos], [20, 21, 22, eos, eos]]
+    assert [r["seq_len"].tolist() for r in rows] == [[3], [3]]
+
+    collate = PackedCollate(pack_size=4, eos_id=eos, pad_seq_to_mult=4)
+    ours = collate(rows)
+    stripped = collate([{key: value for key, value in r.items() if key != "seq_len"} for r in rows])
+    assert ours["cu_seqlens_q_padded"].tolist() == stripped["cu_seqlens_q_padded"].tolist() == [[0, 4]] * 2
+    assert ours["loss_mask"].tolist() == stripped["loss_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 0]]
+    assert ours["cu_seqlens_q"].tolist() == [[0, 3], [0, 3]]
+    assert ours["padding_mask"].tolist() == [[F, F, F, T], [F, F, F, T]]
+    # The reference's rule: the supervised EOS input of the first sample becomes alignment padding.
+    assert stripped["cu_seqlens_q"].tolist() == [[0, 2], [0, 3]]
+    assert stripped["padding_mask"].tolist() == [[F, F, T, T], [F, F, F, T]]
+    assert not (ours["loss_mask"].bool() & ours["padding_mask"]).any()
+    assert (stripped["loss_mask"].bool() & stripped["padding_mask"]).tolist()[0] == [F, F, T, F]

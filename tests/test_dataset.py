@@ -56,6 +56,7 @@ def test_negative_index_is_a_padding_row(packed, tmp_path):
     assert padding["input_ids"].tolist() == last["input_ids"].tolist()
     assert last["loss_mask"].any() and not padding["loss_mask"].any()
     assert len(padding["loss_mask"]) == len(last["loss_mask"])
+    assert padding["padding_row"] is True and "padding_row" not in last  # what the collate reads
     batch = PackedCollate(pack_size=128, eos_id=50256)([dataset[0], dataset[-1]])
     assert batch["loss_mask"][1].sum() == 0  # a padding row contributes nothing to the loss
 
@@ -79,7 +80,7 @@ def test_epoch_mapping_with_oversampling(packed, tmp_path):
     assert dataset[7]["input_ids"].tolist() == direct[int(mapping[7])]["input_ids"].tolist()
     padding = dataset[-1]  # mapped, then zero loss
     assert padding["input_ids"].tolist() == direct[int(mapping[-1])]["input_ids"].tolist()
-    assert not padding["loss_mask"].any()
+    assert not padding["loss_mask"].any() and padding["padding_row"] is True
 
 
 def test_megatron_bridge_style_folder_without_seq_len(tmp_path):
@@ -111,6 +112,7 @@ def test_legacy_npy(packed, tmp_path, chat_rows):
     dataset = PackedDataset(tmp_path / "npy" / "packs.npy")
     assert len(dataset) > 1
     assert not dataset[-1]["loss_mask"].any() and dataset[len(dataset) - 1]["loss_mask"].any()
+    assert dataset[-1]["padding_row"] is True and "padding_row" not in dataset[0]
 
 
 def test_index_is_built_once_and_rebuilt_when_a_shard_changes(packed, tmp_path):

@@ -62,15 +62,57 @@ def read_sequences(output: Path) -> dict[int, dict]:
     return sequences
 
 
+def prompt_trimmed(row: dict, tokens: np.ndarray, mask: np.ndarray, spec, cap: int):
+    """The default truncation of a prompt-completion row, computed apart from tightpack: the input's
+    tokens (those ending inside it, from the tokenizer's offsets) lose their end until the sample fits,
+    then the sample loses its end."""
+    offsets = spec.backend.encode(row["input"] + " " + row["output"]).offsets
+    prompt = sum(1 for _, end in offsets if 0 < end <= len(row["input"]))
+    over = len(tokens) - (cap + 1)
+    cut = min(over, prompt)
+    keep = np.r_[0 : prompt - cut, prompt : len(tokens)][: cap + 1]
+    return tokens[keep], mask[keep]
+
+
+def is_cut_of(got: np.ndarray, whole: np.ndarray) -> bool:
+    """Whether ``got`` is ``whole`` with some runs of tokens removed (a subsequence, greedily matched)."""
+    position = 0
+    for token in got.tolist():
+        while position < len(whole) and whole[position] != token:
+            position += 1
+        if position == len(whole):
+            return False
+        position += 1
+    return True
+
+
 def check_round_trip(output: Path, rows: list[dict], spec, *, cap: int, multiple: int, loss_on="assistant"):
+    """Every packed sequence against the row formatted and tokenized apart from tightpack. Truncated
+    prompt-completion rows are checked against `prompt_trimmed`; truncated chat rows (rounds dropped)
+    against being a cut of the whole within the cap that keeps its end."""
     sequences = read_sequences(output)
     manifest = json.loads((output / MANIFEST_NAME).read_text())
     excluded = {i for key in ("dropped_long", "no_supervised") for i in manifest["excluded"][key]}
     assert set(sequences) | excluded == set(range(len(rows))), "every source row is packed or accounted for"
+    end_policy = manifest["settings"]["format"]["chat_truncation"] == "end"
     for index, row in enumerate(rows):
         if index in excluded:
             continue
         tokens, mask = expected_sample(row, spec, loss_on)
+        if len(tokens) - 1 > cap and "messages" in row and not end_policy:
+            got = sequences[index]
+            assert got["seq_len"] <= cap
+            real = got["tokens"][: got["seq_len"] + 1]
+            assert is_cut_of(real, tokens), f"row {index} is the whole with runs removed"
+            assert real[-1] == spec.eos_id, f"row {index} keeps its last turn whole, EOS included"
+            assert got["mask"].any()
+            continue
+        if (
+            len(tokens) - 1 > cap
+            and "input" in row
+            and manifest["settings"]["format"]["truncate_fields"] != []
+        ):
+            tokens, mask = prompt_trimmed(row, tokens, mask, spec, cap)
         runtime = min(len(tokens) - 1, cap)
         target = min(cap, int(ceil_to_multiple(runtime, multiple)))
         real = min(len(tokens), target + 1)
@@ -142,11 +184,14 @@ def long_rows() -> list[dict]:
     ]
 
 
-def test_long_samples_truncate_keeps_the_beginning_and_accounts(tmp_path, gpt2):
+def test_long_samples_truncate_at_the_end_keeps_the_beginning_and_accounts(tmp_path, gpt2):
     rows = long_rows()
     source = write_jsonl(tmp_path / "long.jsonl", rows)
+    no_fields = FormatConfig(truncate_fields=())  # the sample is cut at its end
     result = pack_dataset(
-        [source], tmp_path / "out", PackConfig(packed_sequence_size=64, long_samples="truncate")
+        [source],
+        tmp_path / "out",
+        PackConfig(packed_sequence_size=64, long_samples="truncate", format=no_fields),
     )
     manifest = check_round_trip(tmp_path / "out", rows, gpt2, cap=64, multiple=1)
     counts = result.counts
@@ -156,7 +201,14 @@ def test_long_samples_truncate_keeps_the_beginning_and_accounts(tmp_path, gpt2):
         1,
         0,
     )
-    assert manifest["excluded"] == {"truncated": [2], "dropped_long": [], "no_supervised": [1]}
+    assert manifest["excluded"] == {
+        "truncated": [2],
+        "truncated_by_reason": {"prompt_trimmed": [], "turns_dropped": [], "answer_cut": [2], "end_cut": []},
+        "dropped_long": [],
+        "no_supervised": [1],
+        "no_supervised_after_truncation": [1],
+    }
+    assert (counts["no_supervised_in_source"], counts["no_supervised_after_truncation"]) == (0, 1)
     lengths = [len(expected_sample(row, gpt2)[0]) - 1 for row in rows]
     assert counts["tokens_in"] == sum(lengths)
     assert counts["tokens_packed"] == lengths[0] + 64 + lengths[3]

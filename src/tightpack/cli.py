@@ -47,6 +47,9 @@ Format = _choices("Format", get_args(formats.Format))
 LossOn = _choices("LossOn", get_args(formats.LossOn))
 Algorithm = _choices("Algorithm", tuple(ALGORITHMS))
 LongSamples = _choices("LongSamples", get_args(pipeline.LongSamples))
+TruncationMethod = _choices("TruncationMethod", get_args(formats.TruncationMethod))
+ChatTruncation = _choices("ChatTruncation", get_args(formats.ChatTruncation))
+_OLDEST_TURNS = ChatTruncation("oldest-turns")
 OutputFormat = _choices("OutputFormat", get_args(pipeline.OutputFormat))
 
 
@@ -114,8 +117,28 @@ def pack(
     ] = False,
     long_samples: Annotated[
         LongSamples,
-        typer.Option(help="Samples above the cap: truncate (keep the beginning), drop, or error."),
+        typer.Option(
+            help="Samples above the cap: truncate (trim the prompt, keep the answer), drop, or error."
+        ),
     ] = LongSamples.truncate,
+    truncate_field: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompt-completion: template fields trimmed first, comma-separated (default: the input "
+            "key; 'none': cut the sample at its end)."
+        ),
+    ] = None,
+    truncation_method: Annotated[
+        TruncationMethod,
+        typer.Option(help="Trim a field's end (right: keep its start) or its start (left: keep its end)."),
+    ] = TruncationMethod.right,
+    chat_truncation: Annotated[
+        ChatTruncation,
+        typer.Option(
+            help="Chat: drop the oldest rounds, then trim user text, keeping the system turn and the last "
+            "round (oldest-turns), or cut the end (end)."
+        ),
+    ] = _OLDEST_TURNS,
     pad_to_max_length: Annotated[
         bool, typer.Option("--pad-to-max-length", help="Record: collate every pack to the full pack size.")
     ] = False,
@@ -174,6 +197,9 @@ def pack(
             output_key=output_key,
             prompt_template=prompt_template,
             loss_on=loss_on.value,
+            truncate_fields=_fields(truncate_field),
+            truncation_method=truncation_method.value,
+            chat_truncation=chat_truncation.value,
         ),
     )
     columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -189,6 +215,15 @@ def pack(
             progress=_RichProgress(display),
         )
     _print_summary(result)
+
+
+def _fields(option: str | None) -> tuple[str, ...] | None:
+    """``--truncate-field``: None (the default field), ``none`` (no field), or names separated by commas."""
+    if option is None:
+        return None
+    if option.strip().lower() == "none":
+        return ()
+    return tuple(name.strip() for name in option.split(",") if name.strip())
 
 
 def _print_summary(result) -> None:

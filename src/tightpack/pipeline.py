@@ -5,10 +5,16 @@ store, apply alignment and the long-sample policy to the lengths, plan the packs
 the metadata and the manifest. The output folder appears atomically: everything is written into a
 hidden staging folder next to it, which is renamed into place at the end.
 
-Accounting: every input row ends in exactly one of *packed* (possibly *truncated*), *dropped* (too
-long, with ``long_samples="drop"``), *no supervised token* (nothing to learn from, dropped), or
-*bad row* (skipped with ``skip_bad_lines``). Tokens and supervised tokens lost are counted too. The
-manifest lists the source row of every sample that is not packed whole.
+Accounting: every input row ends in exactly one of *packed* (possibly *truncated*, with the reason:
+prompt trimmed, turns dropped, answer cut, end cut), *dropped* (too long, with
+``long_samples="drop"``), *no supervised token* (nothing to learn from, dropped: the source had
+none, or truncation left none), or *bad row* (skipped with ``skip_bad_lines``). Tokens and supervised
+tokens lost are counted too. The manifest lists the source row of every sample not packed whole.
+
+Long samples are cut by `tightpack.core.truncation` (trim the prompt, keep the answer); the cut
+samples are written to a small overlay store in the staging folder, and the writer takes them from
+there. The token store itself keeps whole samples, so other pack sizes can reuse it; only a field
+too long for any cap (`_text_budget`) loses its middle before tokenizing.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from tightpack.core import legacy_npy
 from tightpack.core.alignment import aligned_lengths, alignment_multiple, length_cap
 from tightpack.core.checksums import file_digest
 from tightpack.core.packed_parquet import (
+    Overlay,
     default_row_group_size,
     gather_packs,
     write_packed_parquet,
@@ -39,11 +46,12 @@ from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
 from tightpack.core.store_cache import StoreCache, claim, sweep_stale
-from tightpack.core.token_store import TokenStore
+from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore, TokenStoreWriter
+from tightpack.core.truncation import REASONS, plan_truncation
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.sources import open_sources
-from tightpack.prepare.tokenize import BadRow, TokenizeReport, tokenize_to_store
+from tightpack.prepare.tokenize import BadRow, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 
 __all__ = ["MANIFEST_NAME", "METADATA_NAME", "PackConfig", "PackResult", "Progress", "pack_dataset"]
@@ -68,8 +76,9 @@ class PackConfig:
         tp, cp, sp: tensor/context parallel sizes and sequence parallelism, for the derived m.
         algorithm: planner algorithm (`tightpack.core.planner.ALGORITHMS`).
         seed: seed of the planner's shuffle (``first_fit_shuffle``).
-        long_samples: samples with runtime length above the cap: ``truncate`` keeps the first
-            ``cap + 1`` stored tokens (the beginning of the sample; the tail and its EOS are cut),
+        long_samples: samples with runtime length above the cap: ``truncate`` cuts them to
+            ``cap + 1`` stored tokens as `tightpack.core.truncation` says (by default the prompt is
+            trimmed and the answer kept; ``format`` chooses the fields, side and chat policy),
             ``drop`` leaves them out, ``error`` stops the run.
         pad_to_max_length, pad_cu_seqlens: recorded for the runtime collate (fixed width; static
             boundary shapes for CUDA graphs, which needs the fixed width).
@@ -225,7 +234,7 @@ def pack_dataset(
         store = report.store
 
         with _stage("plan", 1, progress, times):
-            counts, keep, aligned, excluded = _account(store, config, report)
+            counts, keep, aligned, excluded, overlay = _account(store, config, report, staging)
             if counts["samples_in"] == 0:
                 names = ", ".join(source.name for source in sources)
                 raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
@@ -243,12 +252,13 @@ def pack_dataset(
             progress.advance(1)
 
         with _stage("write", len(plan), progress, times):
-            files = _write(store, plan, aligned, staging, spec.eos_id, config, progress)
+            files = _write(store, plan, aligned, staging, spec.eos_id, config, progress, overlay)
             metadata = [stats.megatron_metadata()]
             (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
             manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
             (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
         shutil.rmtree(staging / "_store", ignore_errors=True)
+        shutil.rmtree(staging / "_truncated", ignore_errors=True)
         (staging / ".pid").unlink()
         _publish(staging, output)
     finally:
@@ -262,7 +272,14 @@ def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
     identities = [source.identity for source in sources]
     if not all("sha256" in identity or "fingerprint" in identity for identity in identities):
         return None
-    decisive = [identities, spec.fingerprint, config.settings()["format"], config.skip_bad_lines, __version__]
+    decisive = [
+        identities,
+        spec.fingerprint,
+        config.settings()["format"],
+        config.skip_bad_lines,
+        __version__,
+        STORE_FORMAT_VERSION,
+    ]
     return hashlib.sha256(json.dumps(decisive, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -270,11 +287,16 @@ def _tokenize(sources, spec: TokenizerSpec, config: PackConfig, staging: Path, p
     """The token store of the inputs: reused from the cache when it holds one, else tokenized."""
     key = _store_key(sources, spec, config) if config.reuse_store else None
     cache = StoreCache(default_cache_dir() / "stores")
+    budget = _text_budget(spec, config)
     if key is not None and (hit := cache.lookup(key)) is not None:
         folder, info = hit
-        progress.advance(info["rows_read"])
-        bad_rows = [BadRow(**row) for row in info["bad_rows"]]
-        return TokenizeReport(TokenStore.open(folder), info["rows_read"], bad_rows, reused=True)
+        if not info.get("texts_cut") or budget <= info["text_budget"]:
+            progress.advance(info["rows_read"])
+            bad_rows = [BadRow(**row) for row in info["bad_rows"]]
+            report = TokenizeReport(TokenStore.open(folder), info["rows_read"], bad_rows, reused=True)
+            report.texts_cut = info.get("texts_cut", 0)
+            return report
+        shutil.rmtree(folder, ignore_errors=True)  # its cut texts are too short for this larger cap
     store_dir = cache.new_partial() if key is not None else staging / "_store"
     try:
         report = tokenize_to_store(
@@ -285,15 +307,34 @@ def _tokenize(sources, spec: TokenizerSpec, config: PackConfig, staging: Path, p
             workers=config.workers,
             skip_bad_rows=config.skip_bad_lines,
             on_rows=progress.advance,
+            text_budget=budget,
         )
     except BaseException:
         shutil.rmtree(store_dir, ignore_errors=True)
         raise
     if key is None:
         return report
-    info = {"rows_read": report.rows_read, "bad_rows": [asdict(row) for row in report.bad_rows]}
+    info = {
+        "rows_read": report.rows_read,
+        "bad_rows": [asdict(row) for row in report.bad_rows],
+        "texts_cut": report.texts_cut,
+        "text_budget": budget,
+    }
     folder = cache.commit(store_dir, key, info)
-    return TokenizeReport(TokenStore.open(folder), report.rows_read, report.bad_rows)
+    return TokenizeReport(
+        TokenStore.open(folder), report.rows_read, report.bad_rows, texts_cut=report.texts_cut
+    )
+
+
+def _text_budget(spec: TokenizerSpec, config: PackConfig) -> int:
+    """Characters kept at each end of a field cut before tokenizing (`tightpack.prepare.formats._bounded`).
+
+    A sample keeps at most ``cap + 1`` tokens, and a token covers at most ``max_token_bytes`` bytes
+    (so at most that many characters): the tokens any truncation keeps from one end of a field lie in
+    its first or last ``(cap + 1) * max_token_bytes`` characters. The margin keeps the word that
+    straddles that bound whole. Fields within twice the budget are never cut.
+    """
+    return (config.cap + 1) * max_token_bytes(spec) + 4096
 
 
 @contextmanager
@@ -336,11 +377,11 @@ def _publish(staging: Path, output: Path) -> None:
         staging.rename(output)
 
 
-def _label_supervised(store: TokenStore, keep_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Label-aligned supervised tokens of every sample, whole and within its first ``keep_tokens``
-    stored tokens: ``sum(mask[1:n])`` and ``sum(mask[1:keep])`` (token 0 is never a target)."""
+def _label_supervised(store: TokenStore, stored: np.ndarray) -> np.ndarray:
+    """Label-aligned supervised tokens of every sample: ``sum(mask[1:n])`` (token 0 is never a
+    target), int64 ``[num_samples]``, a bounded number of tokens at a time."""
     n = len(store)
-    whole, kept = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    whole = np.zeros(n, np.int64)
     offsets = store.offsets
     first = 0
     while first < n:
@@ -352,14 +393,20 @@ def _label_supervised(store: TokenStore, keep_tokens: np.ndarray) -> tuple[np.nd
         cumulative = np.zeros(offsets[stop] - base + 1, dtype=np.int64)
         np.cumsum(store.loss_mask[base : offsets[stop]], out=cumulative[1:])
         starts = offsets[first:stop] - base
-        whole[first:stop] = cumulative[offsets[first + 1 : stop + 1] - base] - cumulative[starts + 1]
-        kept[first:stop] = cumulative[starts + keep_tokens[first:stop]] - cumulative[starts + 1]
+        whole[first:stop] = (
+            cumulative[starts + stored[first:stop]]
+            - cumulative[np.minimum(starts + 1, starts + stored[first:stop])]
+        )
         first = stop
-    return whole, kept
+    return whole
 
 
-def _account(store: TokenStore, config: PackConfig, report):
-    """Apply the long-sample policy and the no-supervision rule; count everything."""
+def _account(store: TokenStore, config: PackConfig, report, staging: Path):
+    """Apply the long-sample policy and the no-supervision rule; count everything.
+
+    Returns counts, the samples kept (bool ``[num_samples]``), their aligned lengths, the excluded
+    source rows by reason, and the overlay of truncated samples (or None).
+    """
     stored = store.lengths
     runtime = stored - 1
     cap = config.cap
@@ -371,22 +418,42 @@ def _account(store: TokenStore, config: PackConfig, report):
             f"{int(store.source_index[first])}, {int(runtime[first])} tokens); use --long-samples "
             "truncate|drop or a larger --pack-size/--max-seq-length"
         )
-    keep_tokens = np.minimum(stored, cap + 1)
-    supervised_whole, supervised_kept = _label_supervised(store, keep_tokens)
     dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
     truncated = long & ~dropped_long
-    no_supervised = ~dropped_long & (supervised_kept == 0)
-    keep = ~dropped_long & ~no_supervised
-    aligned = aligned_lengths(np.minimum(runtime, cap), config.multiple, cap)
+    supervised_whole = _label_supervised(store, stored)
+    supervised_kept = supervised_whole.copy()
     real = np.minimum(runtime, cap)
+    overlay, reasons = None, np.zeros(0, np.uint8)
+    if truncated.any():
+        cut = plan_truncation(
+            store.offsets, np.flatnonzero(truncated), cap + 1, store.segments, config.format.truncation_method
+        )
+        overlay = _write_overlay(store, cut, staging / "_truncated")
+        supervised_kept[cut.samples] = _label_supervised(overlay.store, overlay.store.lengths)
+        real[cut.samples] = overlay.store.lengths - 1
+        reasons = cut.reasons
+    no_supervised = ~dropped_long & (supervised_kept == 0)
+    lost_to_truncation = no_supervised & (supervised_whole > 0)
+    keep = ~dropped_long & ~no_supervised
+    aligned = aligned_lengths(real, config.multiple, cap)
+    truncated_rows = np.flatnonzero(truncated)
+    kept_truncated = keep[truncated_rows]
+    by_reason = {
+        reason: store.source_index[truncated_rows[kept_truncated & (reasons == code)]].tolist()
+        for code, reason in enumerate(REASONS)
+    }
     counts = {
         "samples_in": report.rows_read,
         "bad_rows": len(report.bad_rows),
         "tokenized": len(store),
         "packed": int(keep.sum()),
         "truncated": int((truncated & keep).sum()),
+        **{f"truncated_{reason}": len(rows) for reason, rows in by_reason.items()},
         "dropped_long": int(dropped_long.sum()),
         "no_supervised": int(no_supervised.sum()),
+        "no_supervised_in_source": int((no_supervised & ~lost_to_truncation).sum()),
+        "no_supervised_after_truncation": int(lost_to_truncation.sum()),
+        "texts_cut_before_tokenizing": report.texts_cut,
         "tokens_in": int(runtime.sum()),
         "tokens_packed": int(real[keep].sum()),
         "tokens_lost": int(runtime.sum() - real[keep].sum()),
@@ -397,18 +464,46 @@ def _account(store: TokenStore, config: PackConfig, report):
     }
     excluded = {
         "truncated": store.source_index[truncated & keep].tolist(),
+        "truncated_by_reason": by_reason,
         "dropped_long": store.source_index[dropped_long].tolist(),
         "no_supervised": store.source_index[no_supervised].tolist(),
+        "no_supervised_after_truncation": store.source_index[lost_to_truncation].tolist(),
     }
-    return counts, keep, aligned, excluded
+    return counts, keep, aligned, excluded, overlay
 
 
-def _write(store, plan, aligned, staging: Path, pad_id: int, config: PackConfig, progress) -> list[dict]:
+def _write_overlay(store: TokenStore, cut, directory: Path) -> Overlay:
+    """The truncated samples as a token store of their own (the kept ranges of each, back to back),
+    written a bounded number of tokens at a time."""
+    writer = TokenStoreWriter(directory)
+    kept = cut.stops - cut.starts
+    per_sample = np.add.reduceat(kept, cut.range_offsets[:-1])
+    ends = np.cumsum(per_sample)
+    first = 0
+    while first < len(cut.samples):
+        base = ends[first - 1] if first else 0
+        stop = max(first + 1, int(np.searchsorted(ends, base + _SUM_CHUNK_TOKENS, side="right")))
+        ranges = slice(cut.range_offsets[first], cut.range_offsets[stop])
+        lengths = kept[ranges]
+        source = np.repeat(cut.starts[ranges] - (np.cumsum(lengths) - lengths), lengths)
+        source += np.arange(int(lengths.sum()))
+        writer.append(
+            store.tokens[source], store.loss_mask[source], per_sample[first:stop], cut.samples[first:stop]
+        )
+        first = stop
+    index = np.full(len(store), -1, dtype=np.int64)
+    index[cut.samples] = np.arange(len(cut.samples))
+    return Overlay(writer.close(), index)
+
+
+def _write(
+    store, plan, aligned, staging: Path, pad_id: int, config: PackConfig, progress, overlay
+) -> list[dict]:
     if config.output_format == "npy":
         rows = []
         for first in range(0, len(plan), 1024):
             stop = min(first + 1024, len(plan))
-            packed = gather_packs(store, plan, aligned, pad_id, first, stop)
+            packed = gather_packs(store, plan, aligned, pad_id, first, stop, overlay)
             for row in range(stop - first):
                 tokens = slice(packed.row_offsets[row], packed.row_offsets[row + 1])
                 seqs = slice(packed.seq_offsets[row], packed.seq_offsets[row + 1])
@@ -427,7 +522,14 @@ def _write(store, plan, aligned, staging: Path, pad_id: int, config: PackConfig,
         return [{"name": path.name, "rows": len(plan), **file_digest(path)}]
     row_group_size = config.row_group_size or default_row_group_size(config.packed_sequence_size)
     return write_packed_parquet(
-        store, plan, aligned, staging, pad_id=pad_id, row_group_size=row_group_size, on_packs=progress.advance
+        store,
+        plan,
+        aligned,
+        staging,
+        pad_id=pad_id,
+        row_group_size=row_group_size,
+        on_packs=progress.advance,
+        overlay=overlay,
     )
 
 

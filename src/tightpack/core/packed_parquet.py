@@ -35,7 +35,14 @@ from tightpack.core.planner import PackPlan
 from tightpack.core.ranges import in_ranges
 from tightpack.core.token_store import TokenStore
 
-__all__ = ["COLUMNS", "PackedRows", "default_row_group_size", "gather_packs", "write_packed_parquet"]
+__all__ = [
+    "COLUMNS",
+    "Overlay",
+    "PackedRows",
+    "default_row_group_size",
+    "gather_packs",
+    "write_packed_parquet",
+]
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id", "sample_index", "seq_len")
 _CHUNK_TOKENS = 1 << 22  # tokens gathered per step: bounds the temporaries to ~100 MB
@@ -84,6 +91,26 @@ def _arrow(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 
+@dataclass(frozen=True)
+class Overlay:
+    """Replacement samples for some of a store's: ``store`` holds them, ``index[i]`` is the sample of
+    ``store`` that replaces sample ``i`` of the main store, -1 where none does (truncated samples)."""
+
+    store: TokenStore
+    index: np.ndarray
+
+
+def _take(main: np.ndarray, overlay: np.ndarray | None, source: np.ndarray, from_overlay: np.ndarray | None):
+    """``main[source]``, or ``overlay[source]`` where ``from_overlay``; positions clipped to each array
+    (alignment padding may run past the end, and is overwritten by the caller)."""
+    if from_overlay is None:
+        return main[np.minimum(source, len(main) - 1)]
+    values = np.empty(len(source), dtype=main.dtype)
+    values[~from_overlay] = main[np.minimum(source[~from_overlay], len(main) - 1)]
+    values[from_overlay] = overlay[np.minimum(source[from_overlay], len(overlay) - 1)]
+    return values
+
+
 def gather_packs(
     store: TokenStore,
     plan: PackPlan,
@@ -91,6 +118,7 @@ def gather_packs(
     pad_id: int,
     first_pack: int,
     stop_pack: int,
+    overlay: Overlay | None = None,
 ) -> PackedRows:
     """Tokens and label-aligned masks of packs ``[first_pack, stop_pack)`` of a plan.
 
@@ -100,24 +128,30 @@ def gather_packs(
         aligned: aligned runtime length of every sample, ``[num_samples]``; sequence ``i`` is stored
             as ``aligned[i] + 1`` tokens (padded with ``pad_id`` or truncated).
         pad_id: token id of alignment padding (the EOS id, as the reference).
+        overlay: samples that replace some of the store's (the truncated ones), or None.
     """
     lo, hi = plan.offsets[first_pack], plan.offsets[stop_pack]
     samples = plan.order[lo:hi]
     stored = aligned[samples] + 1
     store_starts = store.offsets[samples]
-    real = np.minimum(store.offsets[samples + 1] - store_starts, stored)
+    store_ends = store.offsets[samples + 1]
+    replaced = replaced_tokens = None
+    if overlay is not None and (replaced := overlay.index[samples] >= 0).any():
+        replacement = overlay.index[samples][replaced]
+        store_starts[replaced] = overlay.store.offsets[replacement]
+        store_ends[replaced] = overlay.store.offsets[replacement + 1]
+        replaced_tokens = np.repeat(replaced, stored)
+    real = np.minimum(store_ends - store_starts, stored)
     seq_starts = np.cumsum(stored) - stored
     total = int(stored.sum())
-    last_token = len(store.tokens) - 1
+    extra = overlay.store if replaced_tokens is not None else None
 
     source = np.repeat(store_starts - seq_starts, stored)
     source += np.arange(total)
-    np.minimum(source, last_token, out=source)  # padding positions may run past the store's end
-    input_ids = store.tokens[source]
+    input_ids = _take(store.tokens, extra and extra.tokens, source, replaced_tokens)
     source += 1
-    np.minimum(source, last_token, out=source)
     # Label-aligned mask: position t trains on token t+1 of the same sequence, if that token is real.
-    loss_mask = store.loss_mask[source]
+    loss_mask = _take(store.loss_mask, extra and extra.loss_mask, source, replaced_tokens)
     padded = real < stored
     if padded.any():
         input_ids[
@@ -165,6 +199,7 @@ def write_packed_parquet(
     row_group_size: int,
     packs_per_file: int = 100_000,
     on_packs=None,
+    overlay: Overlay | None = None,
 ) -> list[dict]:
     """Write the packs of a plan as Parquet shards ``packs-00000.idx.parquet``, ... in ``directory``.
 
@@ -182,7 +217,7 @@ def write_packed_parquet(
             if stop <= file_first or first >= file_stop:
                 continue
             first, stop = max(first, file_first), min(stop, file_stop)
-            table = gather_packs(store, plan, aligned, pad_id, first, stop).to_table()
+            table = gather_packs(store, plan, aligned, pad_id, first, stop, overlay).to_table()
             if writer is None:
                 writer = pq.ParquetWriter(
                     path, table.schema, compression="zstd", use_dictionary=False, write_statistics=False

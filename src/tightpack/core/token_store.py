@@ -7,6 +7,10 @@ Layout of a store folder (all little-endian, native numpy ``.bin`` files):
   flag belongs to the token itself, not to the position that predicts it);
 - ``offsets.bin``    int64 ``[num_samples + 1]``: sample ``i`` is ``tokens[offsets[i]:offsets[i+1]]``;
 - ``source_index.bin`` int64 ``[num_samples]``: the input row each sample came from;
+- ``segment_offsets.bin`` int64 ``[num_samples + 1]``, ``segment_starts.bin`` int32,
+  ``segment_kinds.bin`` int8, ``segment_units.bin`` int32 ``[num_segments]``: the parts of every sample
+  that truncation treats differently (`tightpack.core.truncation`): sample ``i`` has the segments
+  ``segment_offsets[i]:segment_offsets[i+1]``, each starting at a token relative to the sample;
 - ``store.json``     counts and a format version.
 
 Samples are appended chunk by chunk; memory never holds more than one chunk of tokens. Readers map
@@ -21,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["TokenStore", "TokenStoreWriter", "append_eos"]
+__all__ = ["STORE_FORMAT_VERSION", "Segments", "TokenStore", "TokenStoreWriter", "append_eos"]
 
-_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2
 
 
 class TokenStoreWriter:
@@ -46,22 +50,33 @@ class TokenStoreWriter:
         self._mask = open(self.directory / "loss_mask.bin", "wb")
         self._lengths: list[np.ndarray] = []
         self._sources: list[np.ndarray] = []
+        self._segments: list[Segments] = []
 
     def append(
-        self, tokens: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray, source_index: np.ndarray
+        self,
+        tokens: np.ndarray,
+        loss_mask: np.ndarray,
+        lengths: np.ndarray,
+        source_index: np.ndarray,
+        segments: Segments | None = None,
     ) -> None:
         """Append samples: their concatenated ``tokens`` and ``loss_mask``, per-sample ``lengths`` and
-        source rows. ``lengths`` must sum to ``len(tokens)``."""
+        source rows, and their `Segments` (None: samples without structure). ``lengths`` must sum to
+        ``len(tokens)``."""
         if (
             int(np.sum(lengths)) != len(tokens)
             or len(tokens) != len(loss_mask)
             or len(lengths) != len(source_index)
+            or (segments is not None and len(segments.counts) != len(lengths))
         ):
-            raise ValueError("token store append: tokens, loss_mask, lengths and source_index disagree")
+            raise ValueError(
+                "token store append: tokens, loss_mask, lengths, source_index, segments disagree"
+            )
         self._tokens.write(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
         self._mask.write(np.ascontiguousarray(loss_mask, dtype=np.int8).tobytes())
         self._lengths.append(np.asarray(lengths, dtype=np.int64))
         self._sources.append(np.asarray(source_index, dtype=np.int64))
+        self._segments.append(segments if segments is not None else Segments.none(len(lengths)))
 
     def close(self) -> TokenStore:
         """Finish the files and open the store for reading."""
@@ -73,13 +88,46 @@ class TokenStoreWriter:
         offsets.tofile(self.directory / "offsets.bin")
         sources = np.concatenate(self._sources) if self._sources else np.zeros(0, np.int64)
         sources.tofile(self.directory / "source_index.bin")
+        segments = Segments.concatenate(self._segments)
+        segment_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(segments.counts, out=segment_offsets[1:])
+        segment_offsets.tofile(self.directory / "segment_offsets.bin")
+        segments.starts.astype(np.int32).tofile(self.directory / "segment_starts.bin")
+        segments.kinds.astype(np.int8).tofile(self.directory / "segment_kinds.bin")
+        segments.units.astype(np.int32).tofile(self.directory / "segment_units.bin")
         meta = {
-            "format_version": _FORMAT_VERSION,
+            "format_version": STORE_FORMAT_VERSION,
             "num_samples": len(lengths),
             "num_tokens": int(offsets[-1]),
+            "num_segments": len(segments.starts),
         }
         (self.directory / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
         return TokenStore.open(self.directory)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Segments of consecutive samples (`tightpack.core.truncation`): ``counts`` per sample, then
+    every segment's token ``starts`` (relative to its sample), ``kinds`` and ``units``, sample by sample."""
+
+    counts: np.ndarray
+    starts: np.ndarray
+    kinds: np.ndarray
+    units: np.ndarray
+
+    @classmethod
+    def none(cls, samples: int) -> Segments:
+        """``samples`` samples without segments."""
+        empty = np.zeros(0, np.int64)
+        return cls(np.zeros(samples, np.int64), empty, empty, empty)
+
+    @classmethod
+    def concatenate(cls, parts: list[Segments]) -> Segments:
+        if not parts:
+            return cls.none(0)
+        return cls(
+            *(np.concatenate([getattr(part, name) for part in parts]) for name in cls.__dataclass_fields__)
+        )
 
 
 def _map(path: Path, dtype, count: int) -> np.ndarray:
@@ -97,22 +145,30 @@ class TokenStore:
     loss_mask: np.ndarray
     offsets: np.ndarray
     source_index: np.ndarray
+    segments: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
     @classmethod
     def open(cls, directory: str | Path) -> TokenStore:
         directory = Path(directory)
         meta = json.loads((directory / "store.json").read_text())
-        if meta.get("format_version") != _FORMAT_VERSION:
+        if meta.get("format_version") != STORE_FORMAT_VERSION:
             raise ValueError(
-                f"token store {directory} has format {meta.get('format_version')}, expected {_FORMAT_VERSION}"
+                f"token store {directory} has format {meta.get('format_version')}, "
+                f"expected {STORE_FORMAT_VERSION}"
             )
-        n, total = meta["num_samples"], meta["num_tokens"]
+        n, total, segments = meta["num_samples"], meta["num_tokens"], meta["num_segments"]
         return cls(
             directory=directory,
             tokens=_map(directory / "tokens.bin", np.int32, total),
             loss_mask=_map(directory / "loss_mask.bin", np.int8, total),
             offsets=np.fromfile(directory / "offsets.bin", dtype=np.int64, count=n + 1),
             source_index=np.fromfile(directory / "source_index.bin", dtype=np.int64, count=n),
+            segments=(
+                np.fromfile(directory / "segment_offsets.bin", dtype=np.int64, count=n + 1),
+                np.fromfile(directory / "segment_starts.bin", dtype=np.int32, count=segments),
+                np.fromfile(directory / "segment_kinds.bin", dtype=np.int8, count=segments),
+                np.fromfile(directory / "segment_units.bin", dtype=np.int32, count=segments),
+            ),
         )
 
     def __len__(self) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tightpack.core.ranges import in_ranges
-from tightpack.core.token_store import TokenStore, TokenStoreWriter, append_eos
+from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter, append_eos
 from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row
 from tightpack.prepare.pretokenized import pretokenized_arrays
@@ -41,6 +41,7 @@ __all__ = [
     "Encoder",
     "TokenizeReport",
     "encode_chunk",
+    "max_token_bytes",
     "tokenize_chunk",
     "tokenize_to_store",
 ]
@@ -66,6 +67,8 @@ class ChunkResult:
     source_index: np.ndarray
     bad_rows: list[BadRow] = field(default_factory=list)
     rows: int = 0
+    segments: Segments | None = None
+    texts_cut: int = 0  # samples whose text lost its middle to the text budget
 
 
 @dataclass
@@ -74,14 +77,17 @@ class TokenizeReport:
     rows_read: int
     bad_rows: list[BadRow]
     reused: bool = False  # the store came from the cache of finished stores
+    texts_cut: int = 0  # samples whose text lost its middle to the text budget (`Encoder.text_budget`)
 
 
 @dataclass(frozen=True)
 class Encoder:
-    """What turns rows into token ids and loss masks: a tokenizer and a sample format."""
+    """What turns rows into token ids and loss masks: a tokenizer, a sample format, and the text budget
+    (characters per field kept around a cut, `tightpack.prepare.formats.render_row`; None: no cut)."""
 
     spec: TokenizerSpec
     config: FormatConfig
+    text_budget: int | None = None
 
     def encode_rows(self, rows: list[Any], first_sample: int = 0, source: str = "rows") -> ChunkResult:
         """Tokens, masks (unshifted) and stored lengths of ``rows``, EOS appended; bad rows reported."""
@@ -94,10 +100,19 @@ class _Worker:
     encoder: Encoder | None = None
 
 
-def _init_worker(spec: TokenizerSpec, config: FormatConfig, single_threaded: bool) -> None:
+def _init_worker(encoder: Encoder, single_threaded: bool) -> None:
     if single_threaded:  # K processes already use the cores; Rust threads inside each would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _Worker.encoder = Encoder(spec, config)
+    _Worker.encoder = encoder
+
+
+def max_token_bytes(spec: TokenizerSpec) -> int:
+    """Most UTF-8 bytes of text one token of ``spec`` can stand for (an upper bound: a vocabulary
+    entry's own spelling, which for byte-level and SentencePiece vocabularies is never shorter)."""
+    if spec.byte_level is not None:
+        return int(spec.byte_level.token_bytes.max())
+    vocab = spec.backend.get_vocab(with_added_tokens=True)
+    return max(len(token.encode("utf-8")) for token in vocab)
 
 
 def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
@@ -157,7 +172,7 @@ def _render_chunk(encoder: Encoder, chunk: Chunk) -> tuple[list[tuple[int, Rende
         try:
             if isinstance(row, RowError):
                 raise row
-            sample = render_row(row, config, template, special)
+            sample = render_row(row, config, template, special, encoder.text_budget)
             _check_encodable(sample.text)
             rendered.append((offset, sample))
         except RowError as error:
@@ -234,7 +249,13 @@ def _byte_level_body(encoder: Encoder, rendered: list[tuple[int, Rendered]], id_
     else:
         mask = np.zeros(len(ids), dtype=bool)
 
+    segment_starts = _byte_level_segments(rendered, byte_base, token_ends, sample_ends - lengths, lengths)
     with_specials = np.array([sample.add_special_tokens for _, sample in rendered], dtype=bool)
+    if layout.prefix_ids and with_specials.any():  # the BOS joins each sample's first segment
+        counts = np.array([len(sample.segments) for _, sample in rendered], dtype=np.int64)
+        first = np.zeros(len(segment_starts), dtype=bool)
+        first[(np.cumsum(counts) - counts)[counts > 0]] = True
+        segment_starts += np.repeat(with_specials * len(layout.prefix_ids), counts) * ~first
     if (layout.prefix_ids or layout.suffix_ids) and with_specials.any():
         starts = (sample_ends - lengths)[with_specials]
         ends = sample_ends[with_specials]
@@ -245,7 +266,25 @@ def _byte_level_body(encoder: Encoder, rendered: list[tuple[int, Rendered]], id_
         ids = np.insert(ids, positions[order], values[order])
         mask = np.insert(mask, positions[order], False)
         lengths = lengths + with_specials * (len(prefix) + len(suffix))
-    return ids, lengths, mask
+    return ids, lengths, mask, segment_starts
+
+
+def _byte_level_segments(rendered, byte_base, token_ends, token_base, lengths) -> np.ndarray:
+    """Token start of every segment, relative to its sample: the first token whose bytes end past the
+    segment's first byte (a token that straddles two segments belongs to the later one)."""
+    positions = []
+    for (_, sample), base in zip(rendered, byte_base.tolist(), strict=True):
+        chars = [start for start, _, _ in sample.segments]
+        if sample.text.isascii():
+            positions += [base + c for c in chars]
+        else:
+            positions += [base + len(sample.text[:c].encode("utf-8")) for c in chars]
+    counts = np.array([len(sample.segments) for _, sample in rendered], dtype=np.int64)
+    found = np.searchsorted(token_ends, np.array(positions, dtype=np.int64), side="right")
+    relative = found - np.repeat(token_base, counts)
+    starts = np.clip(relative, 0, np.repeat(lengths, counts))
+    starts[(np.cumsum(counts) - counts)[counts > 0]] = 0
+    return starts
 
 
 def _offsets_body(rendered: list[tuple[int, Rendered]], encodings: list):
@@ -259,7 +298,26 @@ def _offsets_body(rendered: list[tuple[int, Rendered]], encodings: list):
         for first, stop in _supervised_tokens(encoding, sample.text, sample.spans, n):
             rises.append(base + first)
             falls.append(base + stop)
-    return ids, lengths, in_ranges(rises, falls, len(ids))
+    segment_starts = [
+        _token_start(encoding, sample.text, start, n) if number else 0
+        for n, encoding, (_, sample) in zip(lengths.tolist(), encodings, rendered, strict=True)
+        for number, (start, _, _) in enumerate(sample.segments)
+    ]
+    return ids, lengths, in_ranges(rises, falls, len(ids)), np.array(segment_starts, dtype=np.int64)
+
+
+def _token_start(encoding, text: str, start: int, n_tokens: int) -> int:
+    """The first token holding a character at or after ``start``; past the last text token when none
+    does (the tokens after it, EOS or a suffix, belong to the segment at the text's end)."""
+    for position in range(start, len(text)):
+        token = encoding.char_to_token(position)
+        if token is not None:
+            return token
+    for position in range(min(start, len(text)) - 1, -1, -1):
+        token = encoding.char_to_token(position)
+        if token is not None:
+            return token + 1
+    return n_tokens  # no character of the text has a token: only special tokens
 
 
 def _assemble(
@@ -272,11 +330,20 @@ def _assemble(
         if spec.byte_level is not None:  # rare: re-encode this chunk with offsets
             encoded = _encode_with_offsets(encoder, rendered)
         body = _offsets_body(rendered, encoded)
-    ids, lengths, mask = body
+    ids, lengths, mask, segment_starts = body
     eos_supervised = np.array([sample.eos_supervised for _, sample in rendered], dtype=bool)
     tokens, loss_mask, stored = append_eos(ids, mask, lengths, spec.eos_id, eos_supervised)
     source_index = np.array([chunk.first_sample + offset for offset, _ in rendered], dtype=np.int64)
-    return ChunkResult(tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk))
+    segments = Segments(
+        counts=np.array([len(sample.segments) for _, sample in rendered], dtype=np.int64),
+        starts=segment_starts,
+        kinds=np.array([kind for _, sample in rendered for _, kind, _ in sample.segments], dtype=np.int8),
+        units=np.array([unit for _, sample in rendered for _, _, unit in sample.segments], dtype=np.int32),
+    )
+    cut = sum(sample.cut for _, sample in rendered)
+    return ChunkResult(
+        tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk), segments=segments, texts_cut=cut
+    )
 
 
 def _encode_with_offsets(encoder: Encoder, rendered: list[tuple[int, Rendered]]) -> list:
@@ -341,10 +408,13 @@ def tokenize_to_store(
     workers: int = 1,
     skip_bad_rows: bool = False,
     on_rows: Callable[[int], None] | None = None,
+    text_budget: int | None = None,
 ) -> TokenizeReport:
     """Tokenize every chunk into a token store at ``store_dir``.
 
     Args:
+        text_budget: characters kept at each end of a field or message cut before tokenizing (see
+            `tightpack.prepare.formats.render_row`); None keeps every character.
         workers: K processes; 1 tokenizes in this process. The store is identical for any K.
         skip_bad_rows: count and report bad rows instead of failing on the first one.
         on_rows: called with the number of rows of each finished chunk (progress).
@@ -356,27 +426,29 @@ def tokenize_to_store(
         raise TightpackError(f"--workers must be at least 1, got {workers}")
     spec.byte_level  # noqa: B018 - computed here once, inherited by forked workers
     writer = TokenStoreWriter(store_dir)
-    rows_read, bad_rows = 0, []
+    rows_read, bad_rows, texts_cut = 0, [], 0
 
     def consume(result: ChunkResult) -> None:
-        nonlocal rows_read
+        nonlocal rows_read, texts_cut
         if result.bad_rows and not skip_bad_rows:
             bad = result.bad_rows[0]
             raise TightpackError(f"{bad.location}: {bad.reason} (fix the row, or pass --skip-bad-lines)")
-        writer.append(result.tokens, result.loss_mask, result.lengths, result.source_index)
+        writer.append(result.tokens, result.loss_mask, result.lengths, result.source_index, result.segments)
         bad_rows.extend(result.bad_rows)
         rows_read += result.rows
+        texts_cut += result.texts_cut
         if on_rows is not None:
             on_rows(result.rows)
 
+    encoder = Encoder(spec, config, text_budget)
     if workers == 1:
-        for result in _tokenize_in_process(Encoder(spec, config), chunks):
+        for result in _tokenize_in_process(encoder, chunks):
             consume(result)
     else:
         # Fork on Linux: workers start at once and inherit the loaded tokenizer
         # (as PyTorch's DataLoader workers do); elsewhere spawn, the safe default there.
         context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-        with context.Pool(workers, initializer=_init_worker, initargs=(spec, config, True)) as pool:
+        with context.Pool(workers, initializer=_init_worker, initargs=(encoder, True)) as pool:
             pending: deque = deque()
             for chunk in chunks:
                 pending.append(pool.apply_async(tokenize_chunk, (chunk,)))
@@ -384,4 +456,4 @@ def tokenize_to_store(
                     consume(pending.popleft().get())
             while pending:
                 consume(pending.popleft().get())
-    return TokenizeReport(writer.close(), rows_read, bad_rows)
+    return TokenizeReport(writer.close(), rows_read, bad_rows, texts_cut=texts_cut)

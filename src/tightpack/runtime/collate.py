@@ -2,16 +2,18 @@
 (contract section 2.10).
 
 A row is ``{input_ids, loss_mask, seq_start_id}`` as stored (one pack; the mask label-aligned), with an
-optional ``seq_len`` (real runtime length of every sequence, written by tightpack). Per stored sequence
-``ids[s:e]`` the batch gets inputs ``ids[s:e-1]`` and labels ``ids[s+1:e]``; positions restart at 0 per
-sequence. The batch width is the pack size with ``pad_to_max_length``, else the longest row rounded
-up to ``pad_seq_length_to_mult`` (at most the pack size); the width padding becomes a trailing
-pseudo-sequence in the boundaries, because rope and attention kernels expect no unaccounted padding.
+optional ``seq_len`` (real runtime length of every sequence, written by tightpack) and an optional
+``padding_row`` (true on the padding rows `tightpack.runtime.dataset.PackedDataset` returns for
+negative indices). Per stored sequence ``ids[s:e]`` the batch gets inputs ``ids[s:e-1]`` and labels
+``ids[s+1:e]``; positions restart at 0 per sequence. The batch width is the pack size with
+``pad_to_max_length``, else the longest row rounded up to ``pad_seq_length_to_mult`` (at most the pack
+size); the width padding becomes a trailing pseudo-sequence in the boundaries, because rope and
+attention kernels expect no unaccounted padding.
 
 With an alignment multiple ``m > 1`` the boundaries come twice: physical (``cu_seqlens_q_padded``,
 where segments start in the tensor) and logical (``cu_seqlens_q``, where real tokens end). Logical
 lengths come from ``seq_len`` when the row has it, else from stripping trailing EOS tokens of each
-input slice, as the reference does.
+input slice, as the reference does (see `PackedCollate` for where the two differ).
 
 The arithmetic is numpy per row (no Python loop per token or per sequence); tensors are built once at
 the end. Beyond the reference, the batch carries ``total_tokens`` (the width) and ``seq_idx`` (the
@@ -69,13 +71,31 @@ class _Row:
 class PackedCollate:
     """Collate packed rows into a THD batch.
 
+    Two deliberate differences from the reference collate (contract sections 2.10 and 10.1):
+
+    - Padding rows add no loss, in any mode. A row with ``padding_row`` true gets an all-zero loss
+      mask, also with ``answer_only_loss=False``, where the reference rebuilds the mask from the tokens
+      (input != EOS) and so gives the real tokens of a padding row (the sampler's ``-1``) a loss,
+      breaking its own rule that padding rows add nothing to the loss. With ``answer_only_loss=True``
+      nothing changes: the dataset already zeroed the stored mask.
+    - Logical lengths (aligned packs, ``m > 1``) come from the ``seq_len`` column when the row has it,
+      where the reference strips the trailing EOS tokens of each input slice. The two differ for a
+      sample whose content ends with the EOS id: content ``[10, 11, EOS]`` plus the EOS every sample
+      ends with, aligned to 4 (stored ``[10, 11, EOS, EOS, EOS]``), gives inputs ``[10, 11, EOS, EOS]``
+      and the stored loss mask ``[1, 1, 1, 0]`` (the third input learns the final EOS). ``seq_len``
+      says 3: ``cu_seqlens_q = [0, 3]``, padding mask ``[F, F, F, T]``. Stripping says 2: ``[0, 2]``
+      and ``[F, F, T, T]``, a supervised token marked as alignment padding. Rows without ``seq_len``
+      (Megatron-Bridge's files) get the reference's rule; without alignment there are no logical
+      boundaries and the two agree.
+
     Attributes:
         pack_size: P, the widest batch.
         eos_id: fills the width padding of tokens and labels; marks alignment padding.
         pad_to_max_length: width = P for every batch.
         pad_seq_length_to_mult: width multiple otherwise (the reference's default is 16).
         pad_seq_to_mult: per-sequence alignment multiple m of the packed data.
-        answer_only_loss: loss from the stored mask; else on every input token that is not EOS.
+        answer_only_loss: loss from the stored mask; else on every input token that is not EOS
+            (padding rows have no loss either way).
         metadata: needed for ``pad_cu_seqlens`` (static shapes, CUDA graphs).
         pad_cu_seqlens: every boundary array gets ``max_samples_per_bin + 2`` entries.
         legacy_keys: the boundary keys of packs made before Megatron-Bridge #5344 (``cu_seqlens``
@@ -193,7 +213,9 @@ class PackedCollate:
         is_label = np.ones(len(ids), dtype=bool)
         is_label[starts] = False
         inputs = ids[is_input]
-        if self.answer_only_loss:
+        if row.get("padding_row", False):  # the sampler's -1 rows: real tokens, never any loss
+            loss_mask = np.zeros(len(inputs), dtype=np.int64)
+        elif self.answer_only_loss:
             loss_mask = np.asarray(row["loss_mask"], dtype=np.int64)[is_input]
         else:
             loss_mask = (inputs != self.eos_id).astype(np.int64)

@@ -7,8 +7,11 @@ instead of decoding a row group. Files are opened lazily in each process, after 
 start; the constructor only reads Parquet footers (schema and row counts).
 
 Contract section 2.9: a negative index is a padding row (the batch sampler pads the last global
-batch with -1): real tokens, all-zero loss mask. With ``max_num_samples`` the dataset is an
-epoch-level mapping: every epoch a seeded permutation of the rows, truncated to ``max_num_samples``.
+batch with -1): real tokens, all-zero loss mask. Beyond the reference, such a row also carries
+``padding_row: True`` (real rows have no such key): a collate that rebuilds the loss mask from the
+tokens (``answer_only_loss=False``) could not tell it from a real row otherwise. With
+``max_num_samples`` the dataset is an epoch-level mapping: every epoch a seeded permutation of the
+rows, truncated to ``max_num_samples``.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ class PackedDataset(torch.utils.data.Dataset):
         row = dict(source[index]) if self.is_npy else source.row(index)
         if padding:
             row["loss_mask"] = np.zeros_like(row["loss_mask"])
+            row["padding_row"] = True
         return row
 
     def __getstate__(self) -> dict:

@@ -1,0 +1,206 @@
+"""Long samples: trim the prompt, keep the answer (issue 11 §1). The rule on segments, then whole runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tightpack.core.truncation import ANSWER, KEEP, PROMPT, keep_ranges
+from tightpack.errors import TightpackError
+from tightpack.pipeline import MANIFEST_NAME, PackConfig, pack_dataset
+from tightpack.prepare.formats import FormatConfig
+
+from .conftest import write_jsonl
+from .test_pipeline import expected_sample, read_sequences
+
+
+def test_fields_share_the_cut_as_the_reference_then_the_end_goes():
+    # Two truncation fields of 5 and 4 tokens, a fixed literal of 1, an answer of 3: 13 tokens, limit 8.
+    # The reference's shares of 5: 3 for the first field, 2 for the second; both have enough.
+    starts, kinds, units = [0, 5, 6, 10], [PROMPT, KEEP, PROMPT, ANSWER], [-1] * 4
+    assert keep_ranges(13, starts, kinds, units, 8, "right") == ([(0, 2), (5, 8), (10, 13)], 0)
+    assert keep_ranges(13, starts, kinds, units, 8, "left") == ([(3, 6), (8, 13)], 0)
+    # Limit 3: both fields are emptied (9 tokens), then the answer loses its end; the literal stays.
+    assert keep_ranges(13, starts, kinds, units, 3, "right") == ([(5, 6), (10, 12)], 2)
+
+
+def test_rounds_go_oldest_first_then_user_text_then_the_answer_end():
+    # system 2 | round 0: user 3, answer 2 | round 1: user 3, answer 2 | round 2: user 4, answer 2; EOS 1.
+    starts = [0, 2, 5, 7, 10, 12, 16, 18]
+    kinds = [KEEP, PROMPT, ANSWER, PROMPT, ANSWER, PROMPT, ANSWER, KEEP]
+    units = [-1, 0, 0, 1, 1, 2, 2, -1]
+    n = 19
+    assert keep_ranges(n, starts, kinds, units, 14, "right") == ([(0, 2), (7, 19)], 1)
+    assert keep_ranges(n, starts, kinds, units, 9, "right") == ([(0, 2), (12, 19)], 1)
+    # the last round is never dropped: its user text is trimmed (still "turns dropped": rounds went)
+    assert keep_ranges(n, starts, kinds, units, 7, "right") == ([(0, 2), (12, 14), (16, 19)], 1)
+    assert keep_ranges(n, starts, kinds, units, 4, "right") == ([(0, 2), (16, 18)], 1)  # EOS went
+    assert keep_ranges(n, starts, kinds, units, 3, "right") == ([(0, 2), (16, 17)], 2)
+    # no structure: the end is cut
+    assert keep_ranges(n, [], [], [], 7, "right") == ([(0, 7)], 3)
+
+
+def _sample(row, spec):
+    tokens, mask = expected_sample(row, spec)
+    return tokens, mask
+
+
+def test_a_prompt_longer_than_the_cap_is_trimmed_and_the_answer_kept(tmp_path, gpt2):
+    rows = [
+        {"input": "context " * 400, "output": "the answer is forty two"},
+        {"input": "short", "output": "fine"},
+    ]
+    source = write_jsonl(tmp_path / "long.jsonl", rows)
+    result = pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=64))
+    counts = result.counts
+    assert (counts["packed"], counts["truncated_prompt_trimmed"], counts["no_supervised"]) == (2, 1, 0)
+    sequence = read_sequences(tmp_path / "out")[0]
+    tokens, mask = _sample(rows[0], gpt2)
+    answer = int(mask.sum())  # the answer's tokens and the EOS, all supervised
+    np.testing.assert_array_equal(sequence["tokens"][-answer:], tokens[-answer:])
+    np.testing.assert_array_equal(sequence["tokens"][: 65 - answer], tokens[: 65 - answer])
+    assert sequence["mask"].sum() == answer and sequence["seq_len"] == 64
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert manifest["excluded"]["truncated_by_reason"]["prompt_trimmed"] == [0]
+
+
+def test_left_keeps_the_end_of_the_prompt_and_none_cuts_the_end(tmp_path, gpt2):
+    rows = [{"input": "alpha " + "context " * 400 + "omega", "output": "the answer"}]
+    source = write_jsonl(tmp_path / "long.jsonl", rows)
+    left = PackConfig(packed_sequence_size=32, format=FormatConfig(truncation_method="left"))
+    pack_dataset([source], tmp_path / "left", left)
+    tokens, _ = _sample(rows[0], gpt2)
+    sequence = read_sequences(tmp_path / "left")[0]
+    np.testing.assert_array_equal(sequence["tokens"], tokens[-33:])
+    none = PackConfig(packed_sequence_size=32, format=FormatConfig(truncate_fields=()))
+    with pytest.raises(TightpackError, match=r"no sample left to pack .* 1 without supervised tokens"):
+        pack_dataset([source], tmp_path / "none", none)
+
+
+def test_chat_keeps_system_and_last_round_and_drops_the_oldest(tmp_path, gpt2):
+    def turn(role, words):
+        return {"role": role, "content": " ".join(words)}
+
+    messages = [turn("system", ["be", "brief"])]
+    for r in range(6):
+        messages += [turn("user", [f"question{r}"] * 12), turn("assistant", [f"answer{r}"] * 12)]
+    source = write_jsonl(tmp_path / "chat.jsonl", [{"messages": messages}])
+    result = pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=256))
+    assert result.counts["truncated_turns_dropped"] == 1
+    sequence = read_sequences(tmp_path / "out")[0]
+    text = gpt2.backend.decode(sequence["tokens"].tolist(), skip_special_tokens=False)
+    assert text.startswith("<|system|>\nbe brief\n<|user|>\n")
+    assert text.endswith("answer5 " * 11 + "answer5\n<|endoftext|>")  # the last round whole, its EOS too
+    assert "question0" not in text and "answer0" not in text  # the oldest round went first
+    kept = [r for r in range(6) if f"question{r}" in text]
+    assert kept == list(range(6 - len(kept), 6)) and len(kept) >= 2
+    assert text.count("<|user|>") == len(kept) and text.count("<|assistant|>") == len(kept)
+
+
+def test_chat_with_one_huge_user_turn_trims_it_and_one_huge_answer_is_cut(tmp_path, gpt2):
+    rows = [
+        {"messages": [{"role": "user", "content": "tell " * 500}, {"role": "assistant", "content": "done"}]},
+        {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "word " * 500}]},
+    ]
+    source = write_jsonl(tmp_path / "chat.jsonl", rows)
+    result = pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=64))
+    counts = result.counts
+    assert (counts["truncated_prompt_trimmed"], counts["truncated_answer_cut"]) == (1, 1)
+    sequences = read_sequences(tmp_path / "out")
+    first = gpt2.backend.decode(sequences[0]["tokens"].tolist(), skip_special_tokens=False)
+    assert first.endswith("\n<|assistant|>\ndone\n<|endoftext|>") and first.startswith("<|user|>\ntell tell")
+    second = gpt2.backend.decode(sequences[1]["tokens"].tolist(), skip_special_tokens=False)
+    # the answer is too long by itself: the user text goes, then the answer loses its end (as the reference)
+    assert second.startswith("<|user|>\n\n<|assistant|>\nword word") and "<|endoftext|>" not in second
+    end = pack_dataset(
+        [source],
+        tmp_path / "end",
+        PackConfig(packed_sequence_size=64, format=FormatConfig(chat_truncation="end")),
+    )
+    assert (end.counts["no_supervised_after_truncation"], end.counts["truncated_answer_cut"]) == (1, 1)
+
+
+def test_long_prompt_corpus_keeps_every_answer(tmp_path):
+    """The issue's goal: with truncate, >= 99% of samples that have an answer are packed with at
+    least one supervised token, at 8,192 and 4,096. Real conversations (the demo corpus) joined into
+    long multilingual prompts, each followed by a short answer."""
+    from tightpack.prepare.sources import default_corpus
+
+    conversations = [
+        "\n".join(m["content"] for m in row["messages"])
+        for chunk in default_corpus().read(0, 512)
+        for row in chunk.parsed_rows()
+    ]
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(400):
+        picked = rng.choice(len(conversations), size=int(rng.integers(1, 120)), replace=False)
+        prompt = "\n\n".join(conversations[j] for j in picked) + " — résumé 日本語 ответ"
+        rows.append({"input": prompt, "output": conversations[i][:200] or "ok"})
+    source = write_jsonl(tmp_path / "long.jsonl", rows)
+    for size in (8192, 4096):
+        result = pack_dataset(
+            [source], tmp_path / f"out{size}", PackConfig(packed_sequence_size=size, workers=2)
+        )
+        counts = result.counts
+        assert counts["truncated"] >= 40, "the corpus has many prompts over the cap"
+        with_answer = counts["samples_in"] - counts["no_supervised_in_source"]
+        assert counts["packed"] >= 0.99 * with_answer
+        assert counts["no_supervised_after_truncation"] == 0
+
+
+def test_a_giant_line_is_cut_before_tokenizing_in_bounded_memory(tmp_path):
+    """A 49 MB line costs memory in proportion to the cap, not to the line (issue: 5.3 GB before)."""
+    path = tmp_path / "giant.jsonl"
+    with open(path, "w") as handle:
+        handle.write(json.dumps({"input": "lorem ipsum dolor " * 2_700_000, "output": "short answer"}) + "\n")
+        handle.write(json.dumps({"input": "q", "output": "a"}) + "\n")
+    assert path.stat().st_size > 48_000_000
+    # VmHWM is this process's own peak (ru_maxrss would carry the forking pytest's peak across exec)
+    script = (
+        "import sys; from tightpack.cli import main; code = main(sys.argv[1:]); "
+        "print([line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')][0]); "
+        "sys.exit(code)"
+    )
+    env = {"TIGHTPACK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            "pack",
+            str(path),
+            "-o",
+            str(tmp_path / "out"),
+            "--pack-size",
+            "4096",
+            "--workers",
+            "1",
+            "--no-reuse",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    peak_kib = int(result.stdout.strip().splitlines()[-1])
+    assert peak_kib < 500 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert manifest["counts"]["truncated_prompt_trimmed"] == 1
+    assert manifest["counts"]["texts_cut_before_tokenizing"] == 1
+
+
+@pytest.mark.parametrize("flag", ["--truncation-method", "--chat-truncation"])
+def test_cli_refuses_an_unknown_truncation_choice(flag):
+    result = subprocess.run(
+        [sys.executable, "-m", "tightpack.cli", "pack", "--output", "x", "--pack-size", "8", flag, "middle"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2 and "middle" in result.stderr and "Traceback" not in result.stderr
