@@ -420,3 +420,99 @@ class TestVersion:
         assert script.is_file(), f"console script missing next to {sys.executable}"
         result = run_cli("--version", cwd=tmp_path, executable=[str(script)])
         assert (result.returncode, result.stdout) == (0, f"tightpack {tightpack.__version__}\n")
+
+
+# --- issue 11: data fidelity through the command line ------------------------------------------------
+
+
+def test_no_input_with_an_output_is_an_error_not_the_demo(tmp_path):
+    """A shell pattern that matched nothing (nullglob) leaves no input: never pack the demo instead."""
+    line = error_line(run_cli("pack", "-o", tmp_path / "out", "--pack-size", "64", cwd=tmp_path))
+    assert "no input given" in line and "pattern" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_pack_refuses_up_front_what_verify_rejects(tmp_path, corpus):
+    line = error_line(
+        run_cli(
+            "pack",
+            corpus,
+            "-o",
+            tmp_path / "out",
+            "--pack-size",
+            "65",
+            "--cp",
+            "2",
+            "--pad-to-max-length",
+            "--workers",
+            "1",
+            cwd=tmp_path,
+        )
+    )
+    assert "not a multiple of the alignment multiple 4" in line and "--pack-size 64 or 68" in line
+    done = run_cli(
+        "pack",
+        corpus,
+        "-o",
+        tmp_path / "out",
+        "--pack-size",
+        "64",
+        "--cp",
+        "2",
+        "--pad-to-max-length",
+        "--workers",
+        "1",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    checked = run_cli("verify", tmp_path / "out", "--cp", "2", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_summary_says_why_samples_were_cut_and_what_to_run_next(tmp_path):
+    rows = [{"input": "context " * 300, "output": "the answer"}, {"input": "q", "output": "a"}]
+    source = write_jsonl(tmp_path / "long.jsonl", rows)
+    result = run_cli(
+        "pack", source, "-o", tmp_path / "out", "--pack-size", "64", "--workers", "1", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert summary_value(result.stdout, "    prompt trimmed") == "1"
+    assert f"next:   tightpack verify {tmp_path / 'out'}" in result.stdout
+    assert "packed_metadata_path=" in result.stdout
+    inspected = run_cli("inspect", tmp_path / "out", cwd=tmp_path)
+    assert re.fullmatch(r"\d+\.\d\d%", summary_value(inspected.stdout, "efficiency"))
+
+
+def test_ctrl_c_says_the_run_was_interrupted_and_stops_at_once(tmp_path, prompt_completion_rows):
+    import signal
+    import time
+
+    source = write_jsonl(tmp_path / "big.jsonl", prompt_completion_rows * 400)
+    command = [
+        sys.executable,
+        "-m",
+        "tightpack.cli",
+        "pack",
+        str(source),
+        "-o",
+        str(tmp_path / "out"),
+        "--pack-size",
+        "256",
+        "--workers",
+        "1",
+        "--no-reuse",
+    ]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.partial-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - sent < 5  # generous for a loaded machine; it takes ~0.2 s here
+    assert process.returncode == 130
+    assert stderr.strip().splitlines()[-1].startswith("interrupted: nothing was published")
+    assert not (tmp_path / "out").exists()

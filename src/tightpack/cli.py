@@ -21,6 +21,7 @@ from rich.table import Table
 from tightpack import __version__, pipeline
 from tightpack.core.planner import ALGORITHMS
 from tightpack.errors import TightpackError
+from tightpack.output_folder import os_error_message
 from tightpack.prepare import formats
 
 app = typer.Typer(
@@ -162,11 +163,19 @@ def pack(
     output_format: Annotated[
         OutputFormat, typer.Option(help="parquet, or the legacy npy format.")
     ] = OutputFormat.parquet,
+    split: Annotated[
+        str | None, typer.Option(help="Split of a Hugging Face dataset dictionary saved to disk.")
+    ] = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing output folder.")
     ] = False,
 ) -> None:
     """Tokenize samples and pack them into Megatron-Bridge-readable packed Parquet."""
+    if not inputs and output is not None:
+        raise TightpackError(
+            "no input given (a shell pattern that matched nothing passes no argument; quote it to have "
+            "tightpack name it); the demo corpus runs only without inputs and without --output"
+        )
     if inputs:
         if output is None:
             raise TightpackError("--output is required when inputs are given")
@@ -205,16 +214,61 @@ def pack(
     columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     config.validate()
     # Progress bars on a terminal only: in logs and pipes, stderr carries errors and nothing else.
-    with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as display:
-        result = pipeline.pack_dataset(
-            inputs or None,
-            output,
-            config,
-            tokenizer=tokenizer,
-            overwrite=overwrite,
-            progress=_RichProgress(display),
-        )
+    try:
+        with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as display:
+            result = _pack(inputs, output, config, tokenizer, overwrite, display, split)
+    except KeyboardInterrupt:  # click would turn it into a silent exit 130
+        raise _Interrupted(output) from None
     _print_summary(result)
+    stdout.print(_next_steps(result, config), markup=False, highlight=False, soft_wrap=True)
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during ``pack``: carries the output folder for the message."""
+
+
+def _pack(inputs, output, config, tokenizer, overwrite, display, split):
+    return pipeline.pack_dataset(
+        inputs or None,
+        output,
+        config,
+        tokenizer=tokenizer,
+        overwrite=overwrite,
+        progress=_RichProgress(display),
+        split=split,
+    )
+
+
+_TRUNCATION_LABELS = {
+    "truncated_prompt_trimmed": "prompt trimmed",
+    "truncated_turns_dropped": "turns dropped",
+    "truncated_answer_cut": "answer cut",
+    "truncated_end_cut": "end cut",
+}
+
+
+def _bounds(stats) -> str:
+    """The volume bound, and the tighter L2 bound with the gap to it when the stats have it."""
+    tight = getattr(stats, "lower_bound_l2", None)
+    if tight is None or tight == stats.lower_bound:
+        return f"{stats.lower_bound:,}"
+    return f"volume {stats.lower_bound:,}, L2 {tight:,}; gap {stats.packs - tight:,}"
+
+
+def _next_steps(result, config) -> str:
+    """Where the output is and what to run next, for a person at a terminal."""
+    folder = result.output
+    lines = [
+        f"output: {folder}",
+        f"next:   tightpack verify {folder}" + (f" --cp {config.cp}" if config.cp > 1 else ""),
+        f"        tightpack inspect {folder}",
+        "Megatron-Bridge: dataset.enable_offline_packing=true, dataset.offline_packing_specs: "
+        f"packed_train_data_path={folder}, packed_metadata_path={folder / pipeline.METADATA_NAME}, "
+        f"packed_sequence_size={config.packed_sequence_size}"
+        + (f", pad_seq_to_mult={config.multiple}" if config.multiple > 1 else "")
+        + (", pad_cu_seqlens=true" if config.pad_cu_seqlens else ""),
+    ]
+    return "\n".join(lines)
 
 
 def _fields(option: str | None) -> tuple[str, ...] | None:
@@ -236,13 +290,26 @@ def _print_summary(result) -> None:
         ("samples in", f"{counts['samples_in']:,}"),
         ("packed", f"{counts['packed']:,}"),
         ("  of which truncated", f"{counts['truncated']:,}"),
+        *(
+            (f"    {label}", f"{counts[key]:,}")
+            for key, label in _TRUNCATION_LABELS.items()
+            if counts.get(key)
+        ),
         ("dropped (too long)", f"{counts['dropped_long']:,}"),
         ("dropped (no supervised token)", f"{counts['no_supervised']:,}"),
+        *(
+            (f"  {label}", f"{counts[key]:,}")
+            for key, label in (
+                ("no_supervised_in_source", "source had none"),
+                ("no_supervised_after_truncation", "none left after truncation"),
+            )
+            if counts.get(key)
+        ),
         ("bad rows skipped", f"{counts['bad_rows']:,}"),
         ("tokens packed / in", f"{counts['tokens_packed']:,} / {counts['tokens_in']:,}"),
         ("supervised tokens packed / in", f"{counts['supervised_packed']:,} / {counts['supervised_in']:,}"),
         ("alignment padding tokens", f"{counts['alignment_padding']:,}"),
-        ("packs (lower bound)", f"{stats.packs:,} ({stats.lower_bound:,})"),
+        ("packs (lower bound)", f"{stats.packs:,} ({_bounds(stats)})"),
         ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {best_efficiency:.2%})"),
         ("packing factor", f"{stats.packing_factor:.2f} samples/pack (max {stats.max_samples_per_pack})"),
     ]
@@ -287,7 +354,9 @@ def inspect(
         if key in ("path", "manifest"):
             continue
         text = (
-            f"{value:,.4f}"
+            f"{value:.2%}"  # the same form as the summary of `tightpack pack`
+            if key == "efficiency"
+            else f"{value:,.4f}"
             if isinstance(value, float)
             else f"{value:,}"
             if isinstance(value, int)
@@ -405,9 +474,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         stderr.print(f"error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
         return 2
-    except (KeyboardInterrupt, *_signals("Abort")):
-        stderr.print("interrupted")
+    except OSError as error:  # read-only output, disk full, unwritable folder: the path and the cause
+        sys.stderr.write(f"error: {os_error_message(error)}\n")
+        return 2
+    except _Interrupted as interrupted:
+        sys.stderr.write(
+            f"interrupted: nothing was published; {interrupted.args[0]} is as it was before the run\n"
+        )
         return 130
+    except (KeyboardInterrupt, *_signals("Abort")):
+        sys.stderr.write("interrupted\n")
+        return 130
+    if code == 130:  # click's own handling of Ctrl-C in the other commands
+        sys.stderr.write("interrupted\n")
     return code if isinstance(code, int) else 0
 
 

@@ -134,6 +134,13 @@ class PackConfig:
             raise TightpackError("give either --pad-seq-to-mult or --tp/--cp/--sp, not both")
         check_choice("--algorithm", self.algorithm, tuple(ALGORITHMS))
         check_choice("--long-samples", self.long_samples, get_args(LongSamples))
+        if self.pad_to_max_length and size % self.multiple:
+            raise TightpackError(
+                f"--pad-to-max-length pads every pack to --pack-size {size}, which is not a multiple of the "
+                f"alignment multiple {self.multiple}: the trailing padding segment would break "
+                f"context-parallel slicing (tightpack verify rejects it); use --pack-size "
+                f"{size // self.multiple * self.multiple} or {-(-size // self.multiple) * self.multiple}"
+            )
         if self.pad_cu_seqlens and not self.pad_to_max_length:
             raise TightpackError(
                 "--pad-cu-seqlens needs --pad-to-max-length (static shapes need a fixed width)"
@@ -197,15 +204,18 @@ def pack_dataset(
     tokenizer: str | Path | TokenizerSpec | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    split: str | None = None,
 ) -> PackResult:
     """Pack SFT samples into Megatron-Bridge-readable packed Parquet.
 
     Args:
-        inputs: JSONL/Parquet paths, a ``datasets.Dataset``, an iterable of row dicts, or None for
-            the embedded default corpus.
+        inputs: JSONL/Parquet paths or glob patterns, a ``datasets.Dataset``, ``IterableDataset``
+            (streaming too) or ``DatasetDict`` (with ``split``), an iterable of row dicts (a generator
+            is read once), or None for the embedded default corpus. An empty list is an error.
         output: output folder; refused when it exists unless ``overwrite``.
         config: the run's settings.
         tokenizer: a tokenizer path, a loaded `TokenizerSpec`, or None for the built-in GPT-2.
+        split: the split of a ``DatasetDict`` input.
 
     With ``config.workers > 1`` outside Linux, worker processes are spawned, so a script calling this
     needs the usual ``if __name__ == "__main__":`` guard there.
@@ -222,7 +232,7 @@ def pack_dataset(
     times: dict[str, float] = {}
     with _stage("load", None, _NoProgress(), times):
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
-        sources = open_sources(inputs)
+        sources = open_sources(inputs, split=split)
 
     sweep_stale(output.parent, f".{output.name}.partial-")
     staging = output.parent / f".{output.name}.partial-{uuid.uuid4().hex[:12]}"

@@ -6,14 +6,25 @@ came from (file and line, or row number), so that an error names the exact input
 
 JSONL lines travel unparsed (bytes): decoding and JSON parsing happen in the workers. Blank lines
 are not samples and are skipped; a UTF-8 byte order mark at the start of a file is ignored.
+
+Every kind of input gives the same rows in the same order as the same rows in a JSONL file: a
+generator or iterator is read lazily, once, in chunks; a ``datasets.Dataset`` travels as Arrow
+batches (converted in the workers, as Parquet); a ``datasets.IterableDataset`` (streaming too) is
+read in one pass, never asked its length. Columnar rows (Parquet, Arrow, ``datasets``) hold every
+column of the schema, so a null there means the key is absent from that row: a Parquet file mixing
+chat rows (``input``/``output`` null) and prompt-completion rows (``messages`` null) formats as the
+same rows written as JSONL without those keys.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import itertools
 import json
 import re
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +49,9 @@ class Chunk:
         first_position: 1-based line number (JSONL) or 0-based row number (other sources) of the first row.
         lines: raw JSONL lines (bytes), with ``positions`` their line numbers; or None.
         rows: parsed rows; or None.
-        batch: a pyarrow RecordBatch of Parquet rows (converted in the worker); or None.
+        batch: a pyarrow RecordBatch of Parquet or ``datasets`` rows (converted in the worker); or None.
+        nulls_absent: ``rows`` come from a columnar source (``datasets.IterableDataset``), so a key
+            whose value is None is absent from the row. Always true of a ``batch``.
     """
 
     first_sample: int
@@ -48,6 +61,7 @@ class Chunk:
     rows: list[Any] | None = None
     batch: Any = None
     first_position: int = 0
+    nulls_absent: bool = False
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -55,8 +69,38 @@ class Chunk:
         return len(self.lines if self.lines is not None else self.rows)
 
     def parsed_rows(self) -> list[Any]:
-        """The rows of a ``rows`` or ``batch`` chunk, as Python objects."""
-        return self.batch.to_pylist() if self.batch is not None else self.rows
+        """The rows of a ``rows`` or ``batch`` chunk, as Python objects.
+
+        Null values of a columnar source are dropped, so that ``--format auto`` picks a row's format
+        by the keys it has, as it does for a JSONL line:
+
+        >>> import pyarrow as pa
+        >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        >>> batch = pa.RecordBatch.from_pydict(
+        ...     {"input": ["Q?", None], "output": ["A.", None], "messages": [None, chat]}
+        ... )
+        >>> [sorted(row) for row in Chunk(0, "mixed.parquet", batch=batch).parsed_rows()]
+        [['input', 'output'], ['messages']]
+        """
+        if self.batch is None:
+            if not self.nulls_absent:
+                return self.rows
+            return [
+                {key: value for key, value in row.items() if value is not None}
+                if isinstance(row, dict) and any(value is None for value in row.values())
+                else row
+                for row in self.rows
+            ]
+        rows = self.batch.to_pylist()
+        # Only the columns holding a null cost a pass over the rows; most batches have none.
+        columns = zip(self.batch.schema.names, self.batch.columns, strict=True)
+        nullable = [name for name, column in columns if column.null_count]
+        if nullable:
+            for row in rows:
+                for name in nullable:
+                    if row.get(name, 0) is None:
+                        del row[name]
+        return rows
 
     def location(self, offset: int) -> str:
         """Human-readable location of the row at ``offset`` within this chunk."""
@@ -123,38 +167,104 @@ def _parquet_source(path: Path) -> Source:
     return Source(str(path), {"path": str(path), "sha256": sha256}, rows, read)
 
 
-def _rows_source(rows: Iterable[Any], name: str, identity: dict[str, Any], count: int | None) -> Source:
+def _rows_source(
+    rows: Callable[[], Iterable[Any]],
+    name: str,
+    identity: dict[str, Any],
+    count: int | None,
+    *,
+    once: bool = False,
+    nulls_absent: bool = False,
+) -> Source:
+    """Rows from ``rows()``, read lazily in chunks; ``once``: it returns a generator or an iterator,
+    which a second reading would find exhausted (so that is refused rather than packing nothing)."""
+    started = False
+
     def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
-        batch: list[Any] = []
+        nonlocal started
+        if once and started:
+            raise TightpackError(
+                f"{name}: a generator or iterator can be read only once; pass a list or a file to "
+                "read the rows again"
+            )
+        started = True
         position = 0
-        for row in rows:
-            batch.append(row)
-            if len(batch) == chunk_rows:
-                yield Chunk(first_sample, name, rows=batch, first_position=position)
-                first_sample += len(batch)
-                position += len(batch)
-                batch = []
-        if batch:
-            yield Chunk(first_sample, name, rows=batch, first_position=position)
+        iterator = iter(rows())
+        while batch := list(itertools.islice(iterator, chunk_rows)):
+            yield Chunk(
+                first_sample + position, name, rows=batch, first_position=position, nulls_absent=nulls_absent
+            )
+            position += len(batch)
 
     return Source(name, identity, count, read)
 
 
-def _dataset_source(dataset: Any) -> Source:
-    """A Hugging Face ``datasets.Dataset`` (duck-typed: ``iter(batch_size)``, ``column_names``)."""
-    name = f"dataset {(getattr(getattr(dataset, 'info', None), 'dataset_name', None) or 'in memory')}"
-    fingerprint = getattr(dataset, "_fingerprint", None)
+def _datasets_kind(item: Any) -> str | None:
+    """``dict`` (a ``DatasetDict`` / ``IterableDatasetDict``), ``map`` (a ``Dataset``), ``iterable``
+    (an ``IterableDataset``), or None for anything else. An object of ``datasets`` exists only once
+    the package is imported, so this imports nothing."""
+    datasets = sys.modules.get("datasets")
+    if datasets is None:
+        return None
+    if isinstance(item, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return "dict"
+    if isinstance(item, datasets.Dataset):
+        return "map"
+    if isinstance(item, datasets.IterableDataset):
+        return "iterable"
+    return None
 
-    def rows() -> Iterator[dict]:
-        for batch in dataset.iter(batch_size=1024):
-            columns = list(batch)
-            yield from (
-                dict(zip(columns, values, strict=True))
-                for values in zip(*(batch[c] for c in columns), strict=True)
-            )
 
-    identity = {"dataset": name, "fingerprint": fingerprint, "rows": len(dataset)}
-    return _rows_source(rows(), name, identity, len(dataset))
+def _pick_split(splits: Any, split: str | None) -> tuple[str, Any]:
+    """The name and dataset of the split ``split`` of a ``DatasetDict``; without one, its only split."""
+    names = ", ".join(repr(str(name)) for name in splits) or "none"
+    if split is None:
+        if len(splits) == 1:
+            return next(iter(splits.items()))
+        raise TightpackError(
+            f"the input is a {type(splits).__name__} with the splits {names}: choose one with --split "
+            "(command line) or split= (Python)"
+        )
+    if split not in splits:
+        raise TightpackError(f"split {split!r} is not in the {type(splits).__name__}; its splits: {names}")
+    return split, splits[split]
+
+
+def _dataset_source(dataset: Any, kind: str, split: str | None = None) -> Source:
+    """A ``datasets.Dataset`` (``kind="map"``) or ``datasets.IterableDataset`` (``"iterable"``).
+
+    A Dataset is read as Arrow batches, in its own row order (after ``shuffle``/``select`` too) and
+    with its formatted columns, whatever its output format (numpy, torch, ...); with a transform
+    (``set_transform``), as the rows the transform returns. An IterableDataset is read in one pass
+    and has no length.
+    """
+    label = getattr(getattr(dataset, "info", None), "dataset_name", None) or "in memory"
+    name = f"dataset {label}" + (f" split {split!r}" if split is not None else "")
+    if kind == "iterable":
+        identity = {"dataset": name, "streaming": True}  # no content fingerprint: never reused
+        return _rows_source(lambda: dataset, name, identity, None, nulls_absent=True)
+
+    identity = {"dataset": name, "fingerprint": dataset._fingerprint, "rows": len(dataset)}
+    layout = dataset.format
+    if layout["type"] == "custom":
+        return _rows_source(lambda: dataset, name, identity, len(dataset), nulls_absent=True)
+
+    def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
+        import numpy as np
+
+        arrow = dataset.with_format(
+            "arrow", columns=layout["columns"], output_all_columns=layout["output_all_columns"]
+        )
+        position = 0
+        for table in arrow.iter(batch_size=chunk_rows):
+            # A table from `iter` is a view on the dataset's (memory-mapped) table, which pickles
+            # whole (every row) when the chunk goes to a worker; `take` copies these rows alone.
+            (batch,) = table.take(np.arange(table.num_rows)).combine_chunks().to_batches()
+            yield Chunk(first_sample, name, batch=batch, first_position=position)
+            first_sample += batch.num_rows
+            position += batch.num_rows
+
+    return Source(name, identity, len(dataset), read)
 
 
 def default_corpus() -> Source:
@@ -179,7 +289,7 @@ def default_corpus() -> Source:
             yield chitchat_messages(conversation)
 
     identity = {"path": DEFAULT_CORPUS_NAME, "sha256": sha256}
-    return _rows_source(rows(), DEFAULT_CORPUS_NAME, identity, conversations)
+    return _rows_source(rows, DEFAULT_CORPUS_NAME, identity, conversations)
 
 
 _SEPARATOR = re.compile(r"[\s,]*")
@@ -222,40 +332,132 @@ def chitchat_messages(conversation: dict) -> dict:
     }
 
 
-def open_sources(inputs: Iterable[Any] | None) -> list[Source]:
+def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None = None) -> list[Source]:
     """Sources for paths (JSONL/JSON lines, Parquet), Hugging Face datasets or an iterable of row dicts.
 
-    None or an empty list means the embedded default corpus.
+    Args:
+        inputs: None (the embedded default corpus); a path or a glob pattern; a ``datasets.Dataset``,
+            ``IterableDataset`` (streaming too), ``DatasetDict`` or ``IterableDatasetDict``; a list of
+            these; or rows: a list, generator or iterator of row dicts. A generator or iterator is
+            read lazily, once.
+        split: the split of a ``DatasetDict`` / ``IterableDatasetDict`` input (``--split``); not
+            needed when it has one split only.
+
+    A ``str`` or ``Path`` holding ``*``, ``?`` or ``[`` that is not an existing file is a glob
+    pattern: its files, sorted (``**`` spans folders). A folder written by ``save_to_disk`` is
+    loaded as the dataset (or dataset dictionary) it holds.
+
+    Raises:
+        TightpackError: on an empty list (no input given: that is not the demo corpus), a path that
+            is not a file, a pattern matching no file, an unknown file type, a ``DatasetDict``
+            without ``split`` (when it has several), a ``split`` not in it or with no
+            ``DatasetDict`` to apply to, or an unsupported input.
+
+    A generator yielding nothing is a source with no rows, which `tightpack.pipeline.pack_dataset`
+    reports as such.
     """
     if inputs is None:
+        _check_split_used(split, used=False)
         return [default_corpus()]
-    if isinstance(inputs, (str, Path)) or hasattr(inputs, "column_names"):
+    if isinstance(inputs, (str, Path)) or _datasets_kind(inputs) is not None:
         inputs = [inputs]
+    elif isinstance(inputs, dict):
+        raise TightpackError("a single row (a dict) is not an input: pass a list of rows, a dataset or paths")
+    try:
+        items = iter(inputs)
+    except TypeError:
+        raise TightpackError(
+            f"unsupported input {type(inputs).__name__}: give paths, a datasets.Dataset or rows"
+        ) from None
+    stream = items is inputs  # a generator or an iterator: what is taken from it is gone
+    first = next(items, _END)
+    if first is _END:
+        if not stream:
+            raise TightpackError(
+                "no input given: pass paths, a dataset or rows (None means the embedded default corpus)"
+            )
+        _check_split_used(split, used=False)
+        return [_rows_source(lambda: (), "rows", {"rows": "python"}, 0)]
+    if isinstance(first, dict) and _datasets_kind(first) is None:
+        _check_split_used(split, used=False)
+        if stream:  # the first row was taken to see what the input is: it leads the rest
+            rows = itertools.chain([first], items)
+            return [_rows_source(lambda: rows, "rows", {"rows": "python"}, None, once=True)]
+        count = len(inputs) if hasattr(inputs, "__len__") else None
+        return [_rows_source(lambda: inputs, "rows", {"rows": "python"}, count)]
+
     sources = []
-    for item in inputs:
-        if hasattr(item, "column_names") and hasattr(item, "iter"):
-            sources.append(_dataset_source(item))
+    used_split = False
+    for item in itertools.chain([first], items):
+        item = _saved_dataset(item)
+        kind = _datasets_kind(item)
+        if kind == "dict":
+            name, chosen = _pick_split(item, split)
+            sources.append(_dataset_source(chosen, _datasets_kind(chosen), str(name)))
+            used_split = True
+        elif kind is not None:
+            sources.append(_dataset_source(item, kind))
         elif isinstance(item, (str, Path)):
-            path = Path(item)
-            if not path.is_file():
-                raise TightpackError(f"input {str(path)!r} does not exist or is not a file")
-            suffix = path.suffix.lower()
-            if suffix in _PARQUET_SUFFIXES:
-                sources.append(_parquet_source(path))
-            elif suffix in _JSONL_SUFFIXES:
-                sources.append(_jsonl_source(path))
-            else:
-                raise TightpackError(
-                    f"input {str(path)!r}: unknown file type {suffix or '(none)'}; use JSON lines "
-                    "(.jsonl, .json) or Parquet (.parquet)"
-                )
+            sources.extend(_file_source(path) for path in _expand(item))
         elif isinstance(item, dict):
-            sources.append(_rows_source(list(inputs), "rows", {"rows": "python"}, None))
-            break
+            raise TightpackError(
+                "the inputs mix paths or datasets with rows (dicts): give either, or write the rows to a file"
+            )
         else:
             raise TightpackError(
                 f"unsupported input {type(item).__name__}: give paths, a datasets.Dataset or rows"
             )
-    if not sources:
-        return [default_corpus()]
+    _check_split_used(split, used=used_split)
     return sources
+
+
+_END = object()
+_GLOB_MAGIC = frozenset("*?[")
+
+
+def _check_split_used(split: str | None, *, used: bool) -> None:
+    if split is not None and not used:
+        raise TightpackError(
+            f"split {split!r} given, but no input is a DatasetDict or IterableDatasetDict to take it from"
+        )
+
+
+def _saved_dataset(item: Any) -> Any:
+    """A folder written by ``datasets``' ``save_to_disk`` (a Dataset or a DatasetDict), loaded;
+    anything else as it is."""
+    if not isinstance(item, (str, Path)) or not Path(item).is_dir():
+        return item
+    folder = Path(item)
+    if not ((folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()):
+        return item
+    try:
+        from datasets import load_from_disk
+    except ImportError:
+        raise TightpackError(f"input {str(folder)!r} is a saved dataset: pip install datasets") from None
+    return load_from_disk(str(folder))
+
+
+def _expand(item: str | Path) -> list[Path]:
+    """The path, or the files a glob pattern matches (sorted); an existing file is taken literally."""
+    path = Path(item)
+    text = str(item)
+    if _GLOB_MAGIC.isdisjoint(text) or path.is_file():
+        return [path]
+    matches = sorted(match for match in glob.glob(text, recursive=True) if Path(match).is_file())
+    if not matches:
+        raise TightpackError(f"input pattern {text!r} matched no file")
+    return [Path(match) for match in matches]
+
+
+def _file_source(path: Path) -> Source:
+    if not path.is_file():
+        raise TightpackError(f"input {str(path)!r} does not exist or is not a file")
+    suffix = path.suffix.lower()
+    if suffix in _PARQUET_SUFFIXES:
+        return _parquet_source(path)
+    if suffix in _JSONL_SUFFIXES:
+        return _jsonl_source(path)
+    raise TightpackError(
+        f"input {str(path)!r}: unknown file type {suffix or '(none)'}; use JSON lines "
+        "(.jsonl, .json) or Parquet (.parquet)"
+    )
