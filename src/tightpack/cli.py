@@ -221,6 +221,8 @@ def pack(
         raise _Interrupted(output) from None
     _print_summary(result)
     stdout.print(_next_steps(result, config), markup=False, highlight=False, soft_wrap=True)
+    for warning in result.warnings:
+        stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
 
 class _Interrupted(Exception):

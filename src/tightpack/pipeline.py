@@ -45,10 +45,11 @@ from tightpack.core.packed_parquet import (
 from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
-from tightpack.core.store_cache import StoreCache, claim, sweep_stale
+from tightpack.core.store_cache import StoreCache, claim
 from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore, TokenStoreWriter
 from tightpack.core.truncation import REASONS, plan_truncation
 from tightpack.errors import TightpackError, check_choice
+from tightpack.output_folder import check_publishable, os_error_message, output_lock, publish, sweep_work
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.sources import open_sources
 from tightpack.prepare.tokenize import BadRow, TokenizeReport, max_token_bytes, tokenize_to_store
@@ -184,8 +185,8 @@ class _NoProgress:
 
 @dataclass
 class PackResult:
-    """What a run produced: the output folder, counts, plan statistics, time per stage (s), and
-    whether the token store came from the cache instead of tokenizing."""
+    """What a run produced: the output folder, counts, plan statistics, time per stage (s), whether
+    the token store came from the cache instead of tokenizing, and warnings for the user."""
 
     output: Path
     counts: dict[str, int]
@@ -194,6 +195,7 @@ class PackResult:
     files: list[dict]
     bad_rows: list[BadRow]
     reused_store: bool = False
+    warnings: list[str] = field(default_factory=list)
 
 
 def pack_dataset(
@@ -226,21 +228,30 @@ def pack_dataset(
         print(result.stats.efficiency)
     """
     config.validate()
-    progress = progress or _NoProgress()
-    output = Path(output)
-    _check_output(output, overwrite)
+    with output_lock(output) as target:  # one run per output folder; the lock dies with its process
+        sweep_work(target)  # work folders of killed runs; a previous output they set aside goes back
+        check_publishable(output, overwrite, _input_paths(inputs), cache=default_cache_dir())
+        return _pack(
+            inputs, split, Path(output), target, config, tokenizer, overwrite, progress or _NoProgress()
+        )
+
+
+def _pack(
+    inputs, split, output: Path, target: Path, config: PackConfig, tokenizer, overwrite: bool, progress
+):
+    """`pack_dataset` once the output folder is held and checked (``target``: resolved ``output``)."""
     times: dict[str, float] = {}
+    notes: list[str] = []
     with _stage("load", None, _NoProgress(), times):
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         sources = open_sources(inputs, split=split)
 
-    sweep_stale(output.parent, f".{output.name}.partial-")
-    staging = output.parent / f".{output.name}.partial-{uuid.uuid4().hex[:12]}"
+    staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     claim(staging)
     try:
         estimates = [source.estimated_rows for source in sources]
         with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
-            report = _tokenize(sources, spec, config, staging, progress)
+            report = _tokenize(sources, spec, config, staging, progress, notes)
         store = report.store
 
         with _stage("plan", 1, progress, times):
@@ -269,12 +280,11 @@ def pack_dataset(
             (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
         shutil.rmtree(staging / "_store", ignore_errors=True)
         shutil.rmtree(staging / "_truncated", ignore_errors=True)
-        (staging / ".pid").unlink()
-        _publish(staging, output)
+        publish(staging, target, overwrite=overwrite)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return PackResult(output, counts, stats, times, files, report.bad_rows, report.reused)
+    return PackResult(output, counts, stats, times, files, report.bad_rows, report.reused, notes)
 
 
 def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
@@ -293,21 +303,35 @@ def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
     return hashlib.sha256(json.dumps(decisive, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _tokenize(sources, spec: TokenizerSpec, config: PackConfig, staging: Path, progress) -> TokenizeReport:
-    """The token store of the inputs: reused from the cache when it holds one, else tokenized."""
+def _tokenize(
+    sources, spec: TokenizerSpec, config: PackConfig, staging: Path, progress, warnings: list[str]
+) -> TokenizeReport:
+    """The token store of the inputs: reused from the cache when it holds one, else tokenized.
+
+    An unwritable cache turns reuse off for the run (a warning), it does not stop it.
+    """
     key = _store_key(sources, spec, config) if config.reuse_store else None
     cache = StoreCache(default_cache_dir() / "stores")
     budget = _text_budget(spec, config)
+    store_dir = staging / "_store"
+    if key is not None:
+        try:
+            store_dir = cache.new_partial()
+        except OSError as error:
+            warnings.append(
+                f"token store reuse is off: the cache cannot be written ({os_error_message(error)})"
+            )
+            key = None
     if key is not None and (hit := cache.lookup(key)) is not None:
         folder, info = hit
         if not info.get("texts_cut") or budget <= info["text_budget"]:
+            shutil.rmtree(store_dir, ignore_errors=True)
             progress.advance(info["rows_read"])
             bad_rows = [BadRow(**row) for row in info["bad_rows"]]
             report = TokenizeReport(TokenStore.open(folder), info["rows_read"], bad_rows, reused=True)
             report.texts_cut = info.get("texts_cut", 0)
             return report
         shutil.rmtree(folder, ignore_errors=True)  # its cut texts are too short for this larger cap
-    store_dir = cache.new_partial() if key is not None else staging / "_store"
     try:
         report = tokenize_to_store(
             _chunks(sources),
@@ -365,26 +389,13 @@ def _chunks(sources):
             yield chunk
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    if not output.exists():
-        return
-    if not overwrite:
-        raise TightpackError(f"output {str(output)!r} already exists; pass --overwrite to replace it")
-    if not output.is_dir() or (any(output.iterdir()) and not (output / MANIFEST_NAME).is_file()):
-        raise TightpackError(
-            f"refusing to overwrite {str(output)!r}: it is not a tightpack output folder (no {MANIFEST_NAME})"
-        )
-
-
-def _publish(staging: Path, output: Path) -> None:
-    """Move the finished staging folder into place; an old output is replaced, never merged."""
-    if output.exists():
-        retired = output.parent / f".{output.name}.old-{uuid.uuid4().hex[:12]}"
-        output.rename(retired)
-        staging.rename(output)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        staging.rename(output)
+def _input_paths(inputs) -> list[Path]:
+    """The inputs given as paths (an iterable of rows is not consumed)."""
+    if isinstance(inputs, (str, Path)):
+        return [Path(inputs)]
+    if isinstance(inputs, (list, tuple)):
+        return [Path(item) for item in inputs if isinstance(item, (str, Path))]
+    return []
 
 
 def _label_supervised(store: TokenStore, stored: np.ndarray) -> np.ndarray:

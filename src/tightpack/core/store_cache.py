@@ -4,11 +4,16 @@ A store is written under a ``.partial-*`` folder and renamed to its key only onc
 killed while tokenizing leaves nothing that looks finished. The key is a fingerprint of everything
 that decides the tokens (inputs, tokenizer, sample format): repeating or resuming a ``pack`` with the
 same ones reuses the store, and any change of them misses. The most recently used stores are kept.
+
+Work folders (a store being written, the staging folder of ``tightpack pack``) are made by `claim`:
+they appear with the pid file of their process, never without, so that `sweep_stale` can tell the
+folders of killed runs from those of live ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -16,9 +21,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StoreCache", "claim", "sweep_stale"]
+__all__ = ["PID_FILE", "StoreCache", "claim", "sweep_stale"]
 
-_PID_FILE = ".pid"
+PID_FILE = ".pid"  # in a work folder: the pid of the process writing it
+_CLAIMING = ".tightpack-claim-"  # + pid + "-" + random: a work folder before its pid file is written
 _INFO_FILE = "info.json"
 
 
@@ -33,21 +39,49 @@ def _alive(pid: int) -> bool:
 
 
 def claim(folder: Path) -> None:
-    """Create a work folder owned by this process (its pid marks it as in use)."""
-    folder.mkdir(parents=True)
-    (folder / _PID_FILE).write_text(str(os.getpid()))
+    """Create a work folder owned by this process: it appears with its pid file, never without.
+
+    The folder is made under a temporary name that carries the pid (``.tightpack-claim-PID-*``), given
+    its pid file, then renamed into place. A process killed at any moment leaves either nothing, a
+    temporary folder that `sweep_stale` removes once that pid is gone, or ``folder`` with its pid.
+    """
+    folder = Path(folder)
+    if os.path.lexists(folder):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(folder))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    temporary = folder.parent / f"{_CLAIMING}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    temporary.mkdir()
+    try:
+        (temporary / PID_FILE).write_text(str(os.getpid()))
+        temporary.rename(folder)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def _claim_pid(name: str) -> int | None:
+    """The pid in the name of a temporary claim folder, or None for any other name."""
+    if not name.startswith(_CLAIMING):
+        return None
+    pid = name[len(_CLAIMING) :].partition("-")[0]
+    return int(pid) if pid.isdigit() else None
 
 
 def sweep_stale(parent: Path, prefix: str) -> list[Path]:
     """Remove the ``prefix*`` folders in ``parent`` whose process is gone; returns what was removed.
 
-    A folder without a readable pid file is left alone: it may be being created right now.
+    Temporary folders of `claim` in ``parent`` whose process is gone are removed too. A ``prefix*``
+    folder without a readable pid file is left alone: its owner removes the pid file just before it
+    renames the finished folder into place, and may be doing so right now.
     """
     removed = []
-    for folder in parent.glob(f"{prefix}*") if parent.is_dir() else ():
-        try:
-            pid = int((folder / _PID_FILE).read_text())
-        except (OSError, ValueError):
+    for folder in sorted(Path(parent).iterdir()) if Path(parent).is_dir() else ():
+        if folder.name.startswith(prefix):
+            try:
+                pid = int((folder / PID_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+        elif (pid := _claim_pid(folder.name)) is None:
             continue
         if pid != os.getpid() and not _alive(pid):
             shutil.rmtree(folder, ignore_errors=True)
@@ -81,7 +115,7 @@ class StoreCache:
     def commit(self, partial: Path, key: str, info: dict[str, Any]) -> Path:
         """Publish a finished store under ``key`` (another run may have published it first)."""
         (partial / _INFO_FILE).write_text(json.dumps(info))
-        (partial / _PID_FILE).unlink()
+        (partial / PID_FILE).unlink()
         target = self.root / key
         try:
             partial.rename(target)
