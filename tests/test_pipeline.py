@@ -338,6 +338,11 @@ def test_bad_rows_stop_the_run_or_are_counted(tmp_path, prompt_completion_rows):
     ("kwargs", "message"),
     [
         ({"packed_sequence_size": 1}, "--pack-size must be an integer of at least 2"),
+        ({"packed_sequence_size": 2**31}, r"--pack-size 2147483648 exceeds 2147483647 \(2\*\*31 - 1\)"),
+        (
+            {"packed_sequence_size": 65, "cp": 2, "pad_to_max_length": True},
+            "not a multiple of the alignment multiple 4",
+        ),
         (
             {"packed_sequence_size": 64, "max_seq_length": 65},
             r"--max-seq-length \(65\) must be between 1 and --pack-size \(64\)",

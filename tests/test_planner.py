@@ -11,13 +11,16 @@ References (contract §2.5, §8.10):
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
+from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE, PackPlan, plan_packs
 from tightpack.errors import TightpackError
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
@@ -156,6 +159,23 @@ def test_first_fit_shuffle_is_first_fit_on_seeded_permutation(
     assert as_lists(again) == as_lists(plan)
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@PROPERTY_SETTINGS
+@given(problem=packing_problems(), seed=st.integers(0, 2**32 - 1))
+def test_scaling_lengths_and_pack_size_changes_no_plan(
+    algorithm: str, problem: tuple[list[int], int], seed: int
+) -> None:
+    # Scaled lengths span far more values than there are samples, so the planner groups them with a
+    # comparison sort instead of the counting sort of the unscaled ones: both must agree exactly.
+    lengths, pack_size = problem
+    scale = MAX_PACK_SIZE // 64
+    plan = plan_packs(lengths, pack_size, algorithm=algorithm, seed=seed)
+    scaled = plan_packs(
+        np.asarray(lengths, dtype=np.int64) * scale, pack_size * scale, algorithm=algorithm, seed=seed
+    )
+    assert as_lists(scaled) == as_lists(plan)
+
+
 # --- determinism and seeds --------------------------------------------------------------------------
 
 
@@ -280,6 +300,15 @@ def test_pack_size_one(algorithm: str) -> None:
     assert len(plan) == 3
 
 
+@pytest.mark.parametrize("pack_size", [MAX_PACK_SIZE + 1, 10**10])
+def test_pack_size_above_the_int32_limit_is_rejected(pack_size: int) -> None:
+    assert MAX_PACK_SIZE == 2**31 - 1
+    with pytest.raises(
+        TightpackError, match=rf"pack_size {pack_size} exceeds MAX_PACK_SIZE 2147483647 \(2\*\*31 - 1\)"
+    ):
+        plan_packs([5, 7, 3], pack_size)
+
+
 def test_unknown_algorithm_lists_the_names() -> None:
     names = r"\['bfd', 'ffd', 'first_fit', 'first_fit_shuffle'\]"
     with pytest.raises(TightpackError, match=rf"unknown packing algorithm 'best_fit'; choose one of {names}"):
@@ -354,6 +383,59 @@ def test_empty_plan_has_no_packs_to_index() -> None:
     assert plan.pack_sizes.tolist() == []
     assert plan.pack_of_sample().tolist() == []
     assert plan.pack_loads(np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+# --- memory: O(samples + distinct lengths + packs), never O(pack size) ----------------------------
+
+PEAK_BUDGET = 50 * 2**20  # bytes; before issue 11 a pack size of 10**9 cost 16 GB in bfd
+
+
+def traced_peak(run) -> tuple[PackPlan, int]:
+    """``run()`` and the peak of the memory traced meanwhile (numpy buffers are traced too)."""
+    tracemalloc.start()
+    try:
+        result = run()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@pytest.mark.parametrize("pack_size", [10**9, MAX_PACK_SIZE])
+def test_huge_pack_size_on_tiny_rows_plans_in_small_memory(algorithm: str, pack_size: int) -> None:
+    lengths = np.array([5, 7, 3] * 17)
+    plan, peak = traced_peak(lambda: plan_packs(lengths, pack_size, algorithm=algorithm, seed=4))
+    assert peak < PEAK_BUDGET
+    # A pack of exactly the summed length holds them all too: the same plan as the huge pack.
+    assert as_lists(plan) == as_lists(plan_packs(lengths, int(lengths.sum()), algorithm=algorithm, seed=4))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_huge_lengths_plan_in_small_memory_like_their_small_equivalent(algorithm: str) -> None:
+    lengths = np.random.default_rng(11).integers(0, 11, size=3_000)
+    plan, peak = traced_peak(lambda: plan_packs(lengths * 10**8, 10**9, algorithm=algorithm, seed=4))
+    assert peak < PEAK_BUDGET
+    small = plan_packs(lengths, 10, algorithm=algorithm, seed=4)
+    assert np.array_equal(plan.order, small.order) and np.array_equal(plan.offsets, small.offsets)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss is in KiB on Linux only")
+def test_huge_pack_size_keeps_resident_memory_small() -> None:
+    # tracemalloc does not see the C kernel's own buffers; the peak resident size does.
+    script = """
+import resource
+import numpy as np
+from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE, plan_packs
+lengths = np.array([5, 7, 3] * 17)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for algorithm in ALGORITHMS:
+    for pack_size in (10**9, MAX_PACK_SIZE):
+        plan_packs(lengths, pack_size, algorithm=algorithm)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) * 1024 < PEAK_BUDGET
 
 
 # --- larger seeded check ----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from tightpack.core.packed_parquet import (
     write_packed_parquet,
 )
 from tightpack.core.paths import default_cache_dir
-from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
+from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE, PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
 from tightpack.core.store_cache import StoreCache, claim
 from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore, TokenStoreWriter
@@ -125,6 +125,11 @@ class PackConfig:
         size = self.packed_sequence_size
         if not isinstance(size, int) or size < 2:
             raise TightpackError(f"--pack-size must be an integer of at least 2, got {size!r}")
+        if size > MAX_PACK_SIZE:
+            raise TightpackError(
+                f"--pack-size {size} exceeds {MAX_PACK_SIZE} (2**31 - 1): pack boundaries (cu_seqlens) are "
+                "int32; use a smaller pack size"
+            )
         if self.max_seq_length is not None and not 1 <= self.max_seq_length <= size:
             raise TightpackError(
                 f"--max-seq-length ({self.max_seq_length}) must be between 1 and --pack-size ({size})"

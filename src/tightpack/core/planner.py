@@ -7,13 +7,18 @@ Lengths are runtime lengths (stored tokens - 1), already aligned to the alignmen
 Algorithms (`ALGORITHMS`):
 
 - ``bfd`` (default): best-fit decreasing computed on the histogram of lengths. Identical items are
-  placed a whole bin class at a time, so beyond O(N) counting and sorting its cost depends on the pack
-  size, not on the number of samples. It opens exactly as many packs as per-item best-fit decreasing.
+  placed a whole bin class at a time, so beyond O(N) counting and sorting its cost depends on the
+  number of distinct lengths, not on the number of samples. It opens exactly as many packs as per-item
+  best-fit decreasing.
 - ``ffd``: first-fit decreasing with a stable sort (equal lengths keep input order), as Megatron-Bridge.
 - ``first_fit``: leftmost-bin first fit in input order, identical to the linear-scan definition.
 - ``first_fit_shuffle``: a seeded permutation, then first fit (Megatron-Bridge's default algorithm).
 
 Randomness only ever comes from ``np.random.default_rng(seed)``; the global RNG is never touched.
+
+Memory is O(number of samples + distinct lengths + packs) for every algorithm, never O(pack size): a
+counting sort is used only when the length range is small next to the number of samples, so a pack
+size of 10**9 on a few rows plans in kilobytes. Pack sizes are capped at `MAX_PACK_SIZE`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ import numpy as np
 from tightpack.core import _firstfit
 from tightpack.errors import TightpackError
 
-__all__ = ["ALGORITHMS", "PackPlan", "plan_packs"]
+__all__ = ["ALGORITHMS", "MAX_PACK_SIZE", "PackPlan", "plan_packs"]
+
+MAX_PACK_SIZE = 2**31 - 1
+"""Largest pack size ``plan_packs`` accepts: pack boundaries (``cu_seqlens``) are int32 downstream."""
+
+# A counting sort needs an offsets array of (largest key + 2) int64 entries. It is used only while
+# that array stays within the size of the sample index arrays (plus this slack for small inputs);
+# beyond it numpy's stable sort keeps memory O(number of samples), whatever the pack size.
+_COUNTING_SORT_SLACK = 2**16
 
 
 @dataclass(frozen=True)
@@ -95,8 +108,8 @@ def plan_packs(
         A `PackPlan` in which every sample appears exactly once.
 
     Raises:
-        TightpackError: on an unknown algorithm, a pack size below 1, a negative length or a length
-            above the pack size.
+        TightpackError: on an unknown algorithm, a pack size below 1 or above `MAX_PACK_SIZE`, a
+            negative length or a length above the pack size.
 
     >>> plan = plan_packs([5, 3, 2, 7, 4], 10, algorithm="ffd")
     >>> [plan[i].tolist() for i in range(len(plan))]
@@ -107,6 +120,11 @@ def plan_packs(
     if not isinstance(pack_size, (int, np.integer)) or pack_size < 1:
         raise TightpackError(f"pack_size must be a positive integer, got {pack_size!r}")
     pack_size = int(pack_size)
+    if pack_size > MAX_PACK_SIZE:
+        raise TightpackError(
+            f"pack_size {pack_size} exceeds MAX_PACK_SIZE {MAX_PACK_SIZE} (2**31 - 1): pack boundaries "
+            "(cu_seqlens) are int32; use a smaller pack size"
+        )
     lengths = np.asarray(lengths)
     if lengths.ndim != 1:
         raise TightpackError(f"lengths must be one-dimensional, got shape {lengths.shape}")
@@ -123,13 +141,23 @@ def plan_packs(
             f"sample {int(lengths.argmax())} has length {high} > pack_size {pack_size}; "
             "truncate or drop long samples before planning (see --long-samples)"
         )
-    return ALGORITHMS[algorithm](lengths, pack_size, seed)
+    return ALGORITHMS[algorithm](lengths, pack_size, seed, high)
 
 
-def _sort_key(lengths: np.ndarray, pack_size: int, *, descending: bool) -> np.ndarray:
-    """Lengths as the narrowest unsigned type, so that numpy's stable sort is a radix sort."""
-    key = pack_size - lengths if descending else lengths
-    return key.astype(np.uint16) if pack_size < 2**16 else key
+def _stable_order(keys: np.ndarray, high: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Stable sort of int64 ``keys`` in ``[0, high]``: the sorted positions, and the offsets of each key.
+
+    A counting sort (the C kernel's ``group_by_bin``) when the key range is small next to the number
+    of keys; its offsets (``high + 2`` entries, key ``k`` at ``order[offsets[k]:offsets[k + 1]]``) are
+    returned too. Otherwise numpy's stable argsort, and ``None`` for the offsets: memory then depends
+    on the number of keys only, not on their range (a pack size of 10**9 must not cost gigabytes).
+    """
+    if high >= len(keys) + _COUNTING_SORT_SLACK:
+        return np.argsort(keys, kind="stable"), None
+    order = np.empty(len(keys), dtype=np.int64)
+    offsets = np.empty(high + 2, dtype=np.int64)
+    _firstfit.group_by_bin(keys, order, offsets)
+    return order, offsets
 
 
 def _plan_from_bins(bins: np.ndarray, n_bins: int, items: np.ndarray | None) -> PackPlan:
@@ -150,21 +178,21 @@ def _first_fit_in_order(lengths: np.ndarray, pack_size: int, items: np.ndarray |
     return _plan_from_bins(bins, n_bins, items)
 
 
-def _first_fit(lengths: np.ndarray, pack_size: int, seed: int) -> PackPlan:
+def _first_fit(lengths: np.ndarray, pack_size: int, seed: int, longest: int) -> PackPlan:
     return _first_fit_in_order(lengths, pack_size)
 
 
-def _first_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int) -> PackPlan:
-    items = np.argsort(_sort_key(lengths, pack_size, descending=True), kind="stable")
+def _first_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int, longest: int) -> PackPlan:
+    items, _ = _stable_order(longest - lengths, longest)  # descending, equal lengths in input order
     return _first_fit_in_order(lengths[items], pack_size, items)
 
 
-def _first_fit_shuffle(lengths: np.ndarray, pack_size: int, seed: int) -> PackPlan:
+def _first_fit_shuffle(lengths: np.ndarray, pack_size: int, seed: int, longest: int) -> PackPlan:
     items = np.random.default_rng(seed).permutation(len(lengths))
     return _first_fit_in_order(lengths[items], pack_size, items)
 
 
-def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int) -> PackPlan:
+def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int, longest: int) -> PackPlan:
     """Best-fit decreasing on the histogram of lengths.
 
     Best fit places an item in the open bin with the smallest remaining capacity that still holds
@@ -174,8 +202,7 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int) -> Pack
     (length, class) pairs, never over samples. Bins of a class are tracked as groups that share a
     composition; a composition is a node ``(parent, length, count)`` of a tree rooted at the empty bin.
     """
-    sample_rank, length_offsets = _group_by_length(lengths, pack_size)
-    histogram = np.diff(length_offsets)
+    sample_rank, distinct, counts = _group_by_length(lengths, longest)
     parent, node_length, node_count = [-1], [0], [0]  # node 0: the empty bin
     classes: dict[int, list[list[int]]] = {}  # remaining capacity -> groups [node, bins]
     class_bins: dict[int, int] = {}  # remaining capacity -> number of bins
@@ -212,9 +239,10 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int) -> Pack
             open_classes.pop(bisect.bisect_left(open_classes, remaining))
         return taken
 
-    for length in np.flatnonzero(histogram[1:])[::-1].tolist():
-        length += 1
-        left = int(histogram[length])
+    zeros = int(counts[0]) if distinct[0] == 0 else 0
+    for length, left in zip(distinct[::-1].tolist(), counts[::-1].tolist(), strict=True):
+        if length == 0:
+            break
         while left:
             position = bisect.bisect_left(open_classes, length)
             if position == len(open_classes):  # no open bin holds it: open bins filled with as many as fit
@@ -237,24 +265,32 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int) -> Pack
                 add_bins(new_node(node, length, left), 1, remaining - left * length)
                 left = 0
 
-    if histogram[0]:  # zero-length items fit best in the fullest bin
+    if zeros:  # zero-length items fit best in the fullest bin
         if open_classes:
             remaining = open_classes[0]
             ((node, _),) = take_bins(remaining, 1)
         else:
             node, remaining = 0, pack_size
-        add_bins(new_node(node, 0, int(histogram[0])), 1, remaining)
+        add_bins(new_node(node, 0, zeros), 1, remaining)
 
     groups = sorted(group for class_groups in classes.values() for group in class_groups)
     return _expand_compositions(groups, parent, node_length, node_count, sample_rank)
 
 
-def _group_by_length(lengths: np.ndarray, pack_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Stable counting sort: sample indices by length, and the offset of each length in it."""
-    rank = np.empty(len(lengths), dtype=np.int64)
-    offsets = np.empty(pack_size + 2, dtype=np.int64)
-    _firstfit.group_by_bin(lengths, rank, offsets)
-    return rank, offsets
+def _group_by_length(lengths: np.ndarray, longest: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sample indices stably sorted by length, the distinct lengths (ascending) and their counts.
+
+    Memory is O(samples + distinct lengths): the histogram is taken over the distinct lengths, never
+    over ``range(pack_size + 1)``. ``longest`` is ``lengths.max()``.
+    """
+    rank, offsets = _stable_order(lengths, longest)
+    if offsets is not None:
+        histogram = np.diff(offsets)
+        distinct = np.flatnonzero(histogram)
+        return rank, distinct, histogram[distinct]
+    ordered = lengths[rank]
+    starts = np.flatnonzero(np.diff(ordered, prepend=-1))
+    return rank, ordered[starts], np.diff(starts, append=len(ordered))
 
 
 def _expand_compositions(
@@ -314,7 +350,8 @@ def _expand_compositions(
     return PackPlan(order=order, offsets=offsets)
 
 
-ALGORITHMS: dict[str, Callable[[np.ndarray, int, int], PackPlan]] = {
+# Each algorithm takes (lengths, pack_size, seed, longest), ``longest`` being ``lengths.max()``.
+ALGORITHMS: dict[str, Callable[[np.ndarray, int, int, int], PackPlan]] = {
     "bfd": _best_fit_decreasing,
     "ffd": _first_fit_decreasing,
     "first_fit": _first_fit,
