@@ -48,7 +48,9 @@ class TestPromptCompletion:
     def test_default_template(self):
         rendered = render_row({"input": "Q?", "output": "A."}, FormatConfig(), None, {})
         # "Q? A.": the prompt "Q? " is 3 characters, the completion "A." is [3, 5).
-        assert rendered == Rendered("Q? A.", ((3, 5),), add_special_tokens=True, eos_supervised=True)
+        # Segments: the input (trimmable, 1) at 0, the literal space at 2, the answer (2) at 3, the end at 5.
+        segments = ((0, 0, -1), (0, 1, -1), (2, 0, -1), (3, 2, -1), (5, 0, -1))
+        assert rendered == Rendered("Q? A.", ((3, 5),), True, True, segments)
 
     def test_extra_columns_are_ignored(self):
         rendered = render_row({"input": "a", "output": "b", "id": 7, "meta": [1]}, FormatConfig(), None, {})

@@ -343,10 +343,11 @@ PACK_CASES = [
         r"^error: bad\.jsonl:2: message 1 \(assistant\) must have a string 'content', got NoneType" + FIX,
     ),
     case(
-        "message-content-not-a-string",
-        {"bad.jsonl": jsonl({"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}]})},
+        "message-content-image-part",
+        {"bad.jsonl": jsonl({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})},
         ["bad.jsonl", *PACK],
-        r"^error: bad\.jsonl:1: message 0 \(user\) must have a string 'content', got list" + FIX,
+        r"^error: bad\.jsonl:1: message 0 \(user\) content part 0 has type 'image_url'; text-only "
+        r"packing accepts only 'text' parts: remove the non-text parts from the row" + FIX,
     ),
     case(
         "message-without-role",
@@ -460,7 +461,7 @@ PACK_CASES = [
         "parquet-null-value",
         {"nulls.parquet": parquet(pa.table({"input": ["a", "b", None], "output": ["c", "d", "e"]}))},
         ["nulls.parquet", *PACK],
-        r"^error: nulls\.parquet row 2: key 'input' must be a string, got NoneType",
+        r"^error: nulls\.parquet row 2: missing key 'input' \(keys found: output\)",  # null is absent
     ),
     case(
         "parquet-messages-wrong-type",
@@ -692,7 +693,7 @@ def test_skip_bad_lines_accounts_for_every_row(tmp_path):
         14: b'{"input": "caf\xe9", "output": "ok"}',
         15: CHAT,
         16: {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": long_words}]},
-        17: {"input": long_words, "output": "end"},  # the completion is cut off: no supervised token
+        17: {"input": long_words, "output": "end"},  # the prompt is trimmed: the completion is kept
         18: GOOD,
     }
     (tmp_path / "mixed.jsonl").write_bytes(jsonl(*lines.values()))
@@ -720,15 +721,17 @@ def test_skip_bad_lines_accounts_for_every_row(tmp_path):
     assert [row["sample_index"] for row in bad_rows] == [index[line] for line in expected_bad]
     for row, reason in zip(bad_rows, expected_bad.values(), strict=True):
         assert row["reason"].startswith(reason), row
-    assert manifest["excluded"]["no_supervised"] == [index[12], index[17]]
-    assert manifest["excluded"]["truncated"] == [index[16]]
-    assert packed_sample_indexes(tmp_path / "out") == [index[1], index[15], index[16], index[18]]
+    assert manifest["excluded"]["no_supervised"] == [index[12]]
+    assert manifest["excluded"]["truncated"] == [index[16], index[17]]
+    assert packed_sample_indexes(tmp_path / "out") == [index[1], index[15], index[16], index[17], index[18]]
 
     for label, value in [
         ("samples in", "17"),
-        ("packed", "4"),
-        ("  of which truncated", "1"),
-        ("dropped (no supervised token)", "2"),
+        ("packed", "5"),
+        ("  of which truncated", "2"),
+        ("    prompt trimmed", "1"),
+        ("    answer cut", "1"),
+        ("dropped (no supervised token)", "1"),
         ("bad rows skipped", "11"),
     ]:
         assert summary_value(result.stdout, label) == value
@@ -800,7 +803,9 @@ def test_huge_line_is_truncated_and_counted(tmp_path):
     counts = manifest["counts"]
     assert (counts["packed"], counts["truncated"]) == (3, 1)
     assert manifest["excluded"]["truncated"] == [1]
-    assert counts["tokens_in"] > 1_600_000 and counts["tokens_lost"] > 1_500_000
+    # the answer lost its middle before tokenizing (it is far beyond any cap): tokens are counted after that
+    assert counts["texts_cut_before_tokenizing"] == 1 and counts["truncated_answer_cut"] == 1
+    assert counts["tokens_lost"] > 0
     assert summary_value(result.stdout, "  of which truncated") == "1"
 
 

@@ -1,18 +1,27 @@
 """Tokenizer loading (tightpack.prepare.tokenizer) from real files: the built-in GPT-2 BPE, a folder
-saved by transformers, a bare tokenizer.json, and the broken tokenizers that must be refused."""
+saved by transformers, a bare tokenizer.json, a SentencePiece model, and the broken tokenizers that
+must be refused; and, through the command line, that the token store cache never serves the tokens
+of a tokenizer or formatting that has since changed."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tightpack.errors import TightpackError
 from tightpack.prepare.tokenizer import MIN_VOCAB_SIZE, TokenizerSpec, load_tokenizer
+
+from .conftest import write_jsonl
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -280,3 +289,477 @@ class TestFingerprint:
     def test_name_does_not_change_it(self, hf_folder, tmp_path):
         folder = copy_folder(hf_folder[0], tmp_path / "renamed")
         assert load_tokenizer(folder).fingerprint == load_tokenizer(hf_folder[0]).fingerprint
+
+
+# --- the token store cache never serves stale tokens (through the command line) ----------------------
+
+TIGHTPACK = Path(sys.executable).with_name("tightpack")
+HELLO, ENDOFTEXT = 15496, 50256  # GPT-2 ids of "Hello" and "<|endoftext|>"
+#: The chat template of the reuse tests: it writes three special tokens before the conversation.
+SPECIALS_CHATML = "{{ bos_token }}{{ unk_token }}{{ pad_token }}" + CHATML
+REUSE_ROWS = [
+    {"input": "Good morning", "output": "how are you today"},
+    {"messages": [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "General"}]},
+]
+
+
+def tightpack_pack(inputs: Path, output: Path, tokenizer: Path, *options: str, cache: Path, **env: str):
+    """``tightpack pack`` in a subprocess, with its own token store cache and token store reuse on
+    (unless ``options`` say ``--no-reuse``); ``env``: more environment variables."""
+    command = [str(TIGHTPACK), "pack", str(inputs), "-o", str(output), "--pack-size", "256"]
+    command += ["--tokenizer", str(tokenizer), "--workers", "1", "--reuse", *options]
+    env = {**os.environ, "TIGHTPACK_CACHE": str(cache), "COLUMNS": "200", "NO_COLOR": "1", **env}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
+def store_reused(result: subprocess.CompletedProcess) -> bool:
+    assert result.returncode == 0, result.stderr
+    return "(token store reused)" in result.stdout
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one line of a user error: exit status 2, no traceback, nothing else on stderr."""
+    assert result.returncode == 2, f"exit status {result.returncode}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def packed_samples(output: Path) -> dict[int, tuple[list[int], list[int]]]:
+    """Token ids and loss mask of every packed sample, by source row."""
+    samples = {}
+    for path in sorted(output.glob("*.parquet")):
+        for row in pq.read_table(path).to_pylist():
+            starts = [*row["seq_start_id"], len(row["input_ids"])]
+            for index, start, end in zip(row["sample_index"], starts[:-1], starts[1:], strict=True):
+                samples[index] = (row["input_ids"][start:end], row["loss_mask"][start:end])
+    return samples
+
+
+def edit_json(path: Path, change) -> None:
+    content = json.loads(path.read_text(encoding="utf-8"))
+    change(content)
+    path.write_text(json.dumps(content, indent=2), encoding="utf-8")
+
+
+def set_config(**values):
+    def change(folder: Path) -> list[str]:
+        edit_json(folder / "tokenizer_config.json", lambda config: config.update(values))
+        return []
+
+    return change
+
+
+def set_backend(change_backend):
+    def change(folder: Path) -> list[str]:
+        edit_json(folder / "tokenizer.json", change_backend)
+        return []
+
+    return change
+
+
+def bos_post_processor(backend: dict) -> None:
+    """The post-processor adds <|endoftext|> before every text, as Llama's adds <s>."""
+    backend["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [ENDOFTEXT], "tokens": ["<|endoftext|>"]}
+        },
+    }
+
+
+def added_im_start(backend: dict) -> None:
+    backend["added_tokens"].append(
+        {
+            "id": 50257,
+            "content": "<|im_start|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
+
+
+def template_file(text: str):
+    def change(folder: Path) -> list[str]:
+        (folder / "chat_template.jinja").write_text(text, encoding="utf-8")
+        return []
+
+    return change
+
+
+def options(*values: str):
+    return lambda folder: list(values)
+
+
+def prompt_ids(samples) -> list[int]:
+    return samples[0][0]
+
+
+def chat_ids(samples) -> list[int]:
+    return samples[1][0]
+
+
+# (change between the two runs, what the second run must have written: new samples, old samples)
+STALE_CASES = {
+    "bos_token (chat template)": (
+        set_config(bos_token="Hello"),
+        lambda new, old: chat_ids(new)[0] == HELLO and chat_ids(old)[0] == ENDOFTEXT,
+    ),
+    "unk_token (chat template)": (
+        set_config(unk_token="Hello"),
+        lambda new, old: chat_ids(new)[:2] == [ENDOFTEXT, HELLO] and chat_ids(old)[:2] == [ENDOFTEXT] * 2,
+    ),
+    "pad_token (chat template)": (
+        set_config(pad_token="Hello"),
+        lambda new, old: chat_ids(new)[:3] == [ENDOFTEXT, ENDOFTEXT, HELLO] and chat_ids(old)[2] != HELLO,
+    ),
+    "add_bos_token with a new bos_token": (
+        set_config(bos_token="Hello", add_bos_token=True),
+        lambda new, old: prompt_ids(new) == [HELLO, *prompt_ids(old)],
+    ),
+    "add_eos_token": (
+        set_config(add_eos_token=True),
+        # the post-processor's EOS ends the text: not doubled, and supervised as the appended one was
+        lambda new, old: new[0] == old[0] and prompt_ids(new)[-1] == ENDOFTEXT,
+    ),
+    "additional special tokens in the config": (
+        set_config(additional_special_tokens=["<|im_start|>"]),
+        lambda new, old: new == old,  # not read from the config, but the config is fingerprinted whole
+    ),
+    "chat template": (
+        template_file(SPECIALS_CHATML.replace("<|im_end|>", "<|end|>")),
+        lambda new, old: chat_ids(new) != chat_ids(old) and prompt_ids(new) == prompt_ids(old),
+    ),
+    "added token": (
+        set_backend(added_im_start),
+        lambda new, old: 50257 in chat_ids(new) and 50257 not in chat_ids(old),
+    ),
+    "normalizer": (
+        set_backend(lambda backend: backend.update(normalizer={"type": "Lowercase"})),
+        lambda new, old: prompt_ids(new) != prompt_ids(old),
+    ),
+    "pre-tokenizer": (
+        set_backend(lambda backend: backend["pre_tokenizer"].update(add_prefix_space=True)),
+        lambda new, old: (
+            prompt_ids(new)[1:] == prompt_ids(old)[1:] and prompt_ids(new)[0] != prompt_ids(old)[0]
+        ),
+    ),
+    "merges": (
+        set_backend(lambda backend: backend["model"].update(merges=backend["model"]["merges"][1000:])),
+        lambda new, old: len(prompt_ids(new)) > len(prompt_ids(old)),
+    ),
+    "post-processor": (
+        set_backend(bos_post_processor),
+        lambda new, old: prompt_ids(new) == [ENDOFTEXT, *prompt_ids(old)],
+    ),
+    "--prompt-template": (
+        options("--prompt-template", "{input}\n{output}"),
+        lambda new, old: prompt_ids(new) != prompt_ids(old) and chat_ids(new) == chat_ids(old),
+    ),
+    "--loss-on": (
+        options("--loss-on", "all"),
+        lambda new, old: new[1][0] == old[1][0] and all(new[1][1][:-1]) and not all(old[1][1][:-1]),
+    ),
+}
+
+
+@pytest.fixture
+def reuse_folder(hf_folder, tmp_path) -> Path:
+    folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+    (folder / "chat_template.jinja").write_text(SPECIALS_CHATML, encoding="utf-8")
+    return folder
+
+
+class TestStoreReuse:
+    """Two runs with reuse and a change in between: the second must tokenize again and write the new
+    ids, whatever changed (tokenizer files or formatting options)."""
+
+    @pytest.mark.parametrize("case", list(STALE_CASES))
+    def test_a_change_misses_the_store(self, reuse_folder, tmp_path, case):
+        change, written = STALE_CASES[case]
+        inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS)
+        cache = tmp_path / "cache"
+        first = tightpack_pack(inputs, tmp_path / "first", reuse_folder, cache=cache)
+        assert not store_reused(first)
+        extra = change(reuse_folder)
+        second = tightpack_pack(inputs, tmp_path / "second", reuse_folder, *extra, cache=cache)
+        assert not store_reused(second), f"{case}: the token store of the first run was reused"
+        new, old = packed_samples(tmp_path / "second"), packed_samples(tmp_path / "first")
+        assert sorted(new) == sorted(old) == [0, 1]
+        assert written(new, old), f"{case}:\nnew {new}\nold {old}"
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            lambda folder: None,
+            # the same configuration, written differently
+            lambda folder: edit_json(folder / "tokenizer_config.json", lambda config: None),
+        ],
+        ids=["nothing", "config reformatted"],
+    )
+    def test_no_change_reuses_the_store(self, reuse_folder, tmp_path, change):
+        inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS)
+        first = tightpack_pack(inputs, tmp_path / "first", reuse_folder, cache=tmp_path / "cache")
+        assert not store_reused(first)
+        change(reuse_folder)
+        second = tightpack_pack(inputs, tmp_path / "second", reuse_folder, cache=tmp_path / "cache")
+        assert store_reused(second)
+        assert packed_samples(tmp_path / "second") == packed_samples(tmp_path / "first")
+
+    def test_bos_edited_in_the_config_only_is_refused(self, reuse_folder, tmp_path):
+        """The post-processor adds <|endoftext|> as BOS; the config's bos_token becomes "Hello": the
+        template would write one BOS and prompt-completion text the other, so the run stops and names
+        the fix; with the fix, the config's BOS is written everywhere."""
+        edit_json(reuse_folder / "tokenizer.json", bos_post_processor)
+        inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS)
+        cache = tmp_path / "cache"
+        first = tightpack_pack(inputs, tmp_path / "first", reuse_folder, cache=cache)
+        assert not store_reused(first)
+        assert prompt_ids(packed_samples(tmp_path / "first"))[0] == ENDOFTEXT
+        set_config(bos_token="Hello")(reuse_folder)
+        refused = tightpack_pack(inputs, tmp_path / "refused", reuse_folder, cache=cache)
+        line = one_error_line(refused)
+        assert re.search(
+            r"tokenizer_config\.json sets bos_token 'Hello', but the post-processor of its tokenizer\.json "
+            r"adds '<\|endoftext\|>' before every text; set \"add_bos_token\": true",
+            line,
+        ), line
+        set_config(add_bos_token=True)(reuse_folder)
+        fixed = tightpack_pack(inputs, tmp_path / "fixed", reuse_folder, cache=cache)
+        assert not store_reused(fixed)
+        new, old = packed_samples(tmp_path / "fixed"), packed_samples(tmp_path / "first")
+        assert prompt_ids(new) == [HELLO, *prompt_ids(old)[1:]]
+        assert chat_ids(new)[0] == HELLO
+
+
+class TestEosMustExist:
+    def test_configured_eos_outside_the_vocabulary_is_an_error(self, hf_folder, tmp_path):
+        """It used to fall back to <|endoftext|> silently: samples then ended with another token than
+        the one the configuration names."""
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        set_config(eos_token="<|end_of_turn|>")(folder)
+        inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS)
+        result = tightpack_pack(inputs, tmp_path / "out", folder, cache=tmp_path / "cache")
+        line = one_error_line(result)
+        config = re.escape(str(folder / "tokenizer_config.json"))
+        assert re.fullmatch(
+            rf"error: tokenizer '.*tokenizer': eos_token '<\|end_of_turn\|>' of {config} is not in its "
+            r"vocabulary; set eos_token there to the end-of-text token the model was trained with, or add "
+            r"the token to the tokenizer",
+            line,
+        ), line
+        assert not (tmp_path / "out").exists()
+
+    def test_the_usual_names_only_when_none_is_configured(self, hf_folder, tmp_path):
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        edit_json(folder / "tokenizer_config.json", lambda config: config.pop("eos_token"))
+        assert (load_tokenizer(folder).eos_token, load_tokenizer(folder).eos_id) == (
+            "<|endoftext|>",
+            ENDOFTEXT,
+        )
+
+    def test_added_bos_outside_the_vocabulary_is_an_error(self, hf_folder, tmp_path):
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        set_config(bos_token="<s>", add_bos_token=True)(folder)
+        with pytest.raises(
+            TightpackError, match=r"sets add_bos_token but its bos_token '<s>' is not in the vocab"
+        ):
+            load_tokenizer(folder)
+
+    def test_add_bos_token_false_drops_the_bos_of_the_post_processor(self, hf_folder, tmp_path):
+        """As transformers: a config that sets the flags rebuilds the post-processor."""
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        edit_json(folder / "tokenizer.json", bos_post_processor)
+        assert load_tokenizer(folder).backend.encode("Hello").ids == [ENDOFTEXT, HELLO]
+        set_config(add_bos_token=False)(folder)
+        assert load_tokenizer(folder).backend.encode("Hello").ids == [HELLO]
+
+
+BROKEN_TEMPLATE = "{% for message in messages %}\n{{ message['content'] }\n{% endfor %}"
+CHAT_ROWS = [
+    {
+        "messages": [
+            {"role": "user", "content": f"question {i}"},
+            {"role": "assistant", "content": f"answer {i}"},
+        ]
+    }
+    for i in range(5)
+]
+
+
+class TestChatTemplateErrors:
+    @pytest.mark.parametrize("skip", [[], ["--skip-bad-lines"]], ids=["stop", "skip-bad-lines"])
+    def test_syntax_error_is_one_tokenizer_error(self, hf_folder, tmp_path, skip):
+        """Not one "bad row" per sample: the template is compiled once, at load."""
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        template_file(BROKEN_TEMPLATE)(folder)
+        inputs = write_jsonl(tmp_path / "rows.jsonl", CHAT_ROWS)
+        result = tightpack_pack(
+            inputs, tmp_path / "out", folder, "--no-reuse", *skip, cache=tmp_path / "cache"
+        )
+        line = one_error_line(result)
+        source = re.escape(str(folder / "chat_template.jinja"))
+        assert re.fullmatch(
+            rf"error: the chat template of tokenizer '.*tokenizer' does not compile: unexpected '}}' "
+            rf"\(line 2 of {source}\); fix the template, or remove it to use the built-in one",
+            line,
+        ), line
+
+    def test_template_inline_in_the_config(self, hf_folder, tmp_path):
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+        set_config(chat_template="{{ bos_token }}\n\n{% if %}")(folder)
+        with pytest.raises(TightpackError, match=r'line 3 of "chat_template" of .*tokenizer_config\.json\)'):
+            load_tokenizer(folder)
+
+    def test_unknown_filter(self, hf_folder, tmp_path):
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        template_file("{{ messages | shout }}")(folder)
+        with pytest.raises(TightpackError, match=r"does not compile: No filter named 'shout'"):
+            load_tokenizer(folder)
+
+    def test_transformers_extensions_compile(self, hf_folder, tmp_path):
+        """What transformers' renderer accepts must load: {% generation %} blocks, loop controls,
+        its filters and globals."""
+        folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+        template = (
+            "{% for message in messages %}{% if message['role'] == 'system' %}{% continue %}{% endif %}"
+            "{% if message['role'] == 'assistant' %}{% generation %}"
+            "{{ message['content'] | tojson(indent=2) }}{% endgeneration %}{% else %}"
+            "{{ raise_exception('no') if false else message['content'] }}{% endif %}{% endfor %}"
+            "{{ strftime_now('%Y') if false }}"
+        )
+        template_file(template)(folder)
+        assert load_tokenizer(folder).chat_template == template
+
+
+# --- SentencePiece folders (tokenizer.model, no tokenizer.json) ----------------------------------------
+
+
+def conversation_texts(limit: int) -> list[str]:
+    """Messages of the real chitchat conversations (the demo corpus)."""
+    location = importlib.util.find_spec("chitchat_dataset").submodule_search_locations[0]
+    conversations = json.loads((Path(location) / "dataset.json").read_text(encoding="utf-8"))
+    texts = [
+        message["text"]
+        for conversation in conversations.values()
+        for turn in conversation["messages"]
+        for message in turn
+    ]
+    return texts[:limit]
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_folder(tmp_path_factory) -> Path:
+    """A Llama-style folder: tokenizer.model (a SentencePiece BPE of 1,500 pieces trained here on real
+    conversations, about 0.2 s) and a tokenizer_config.json naming LlamaTokenizer."""
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(conversation_texts(20_000)),
+        model_writer=model,
+        vocab_size=1500,
+        model_type="bpe",
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        byte_fallback=True,
+        minloglevel=2,
+    )
+    folder = tmp_path_factory.mktemp("spm") / "llama-style"
+    folder.mkdir()
+    (folder / "tokenizer.model").write_bytes(model.getvalue())
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+class TestSentencePiece:
+    def test_packs_through_the_command_line(self, sentencepiece_folder, tmp_path):
+        import sentencepiece
+
+        rows = [{"input": "Hey, how was your weekend?", "output": "Great, we went hiking!"}]
+        inputs = write_jsonl(tmp_path / "rows.jsonl", rows)
+        result = tightpack_pack(
+            inputs, tmp_path / "out", sentencepiece_folder, "--no-reuse", cache=tmp_path / "c"
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == "", "transformers' own output leaked"
+        processor = sentencepiece.SentencePieceProcessor(
+            model_file=str(sentencepiece_folder / "tokenizer.model")
+        )
+        assert processor.get_piece_size() == 1500
+        ids, mask = packed_samples(tmp_path / "out")[0]
+        assert ids == [1, *processor.encode("Hey, how was your weekend? Great, we went hiking!"), 2]
+        assert 0 < sum(mask) < len(ids)
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        assert (manifest["tokenizer"]["eos_token"], manifest["tokenizer"]["vocab_size"]) == ("</s>", 1500)
+
+    @pytest.mark.parametrize(
+        ("blocked", "missing"),
+        [
+            (["sentencepiece"], "package sentencepiece: pip install sentencepiece"),
+            (["google.protobuf"], "package protobuf: pip install protobuf"),
+            (
+                ["sentencepiece", "google.protobuf"],
+                "packages sentencepiece and protobuf: pip install sentencepiece protobuf",
+            ),
+        ],
+        ids=["sentencepiece", "protobuf", "both"],
+    )
+    def test_missing_package_is_named_in_one_line(self, sentencepiece_folder, tmp_path, blocked, missing):
+        """A sitecustomize makes the packages unimportable in the command's process, as if absent."""
+        site = tmp_path / "site"
+        site.mkdir()
+        lines = ["import sys", *(f"sys.modules[{name!r}] = None" for name in blocked)]
+        (site / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+        inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS[:1])
+        path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+        result = tightpack_pack(
+            inputs,
+            tmp_path / "out",
+            sentencepiece_folder,
+            "--no-reuse",
+            cache=tmp_path / "c",
+            PYTHONPATH=path,
+        )
+        line = one_error_line(result)
+        assert line == (
+            f"error: the tokenizer in '{sentencepiece_folder}' is a SentencePiece model (tokenizer.model) "
+            f"and reading it needs the Python {missing}"
+        )
+
+    def test_tiktoken_file_names_tiktoken(self, tmp_path, monkeypatch):
+        """A tokenizer.model can also be a tiktoken file (Llama 3's original folder): that one needs
+        tiktoken, not sentencepiece."""
+        import base64
+
+        folder = tmp_path / "tiktoken-style"
+        folder.mkdir()
+        lines = [f"{base64.b64encode(bytes([i])).decode()} {i}" for i in range(256)]
+        (folder / "tokenizer.model").write_text("\n".join(lines) + "\n")
+        monkeypatch.setitem(sys.modules, "tiktoken", None)
+        with pytest.raises(
+            TightpackError, match=r"is a tiktoken model \(tokenizer\.model\) .* pip install tiktoken$"
+        ):
+            load_tokenizer(folder)

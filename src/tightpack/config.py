@@ -7,8 +7,14 @@ Megatron-Bridge's field names, from a YAML file or a dict. Unknown keys and wron
 with *every* violation (the reference stops at the first), each with a rule id, a severity, the reason
 and the fix, plus the values the reference derives (and would write into the configuration).
 
-The dataset kind is ``dataset.type``, one of the reference's class names (`DATASET_TYPES`). A
-``DatasetProvider`` is a custom provider: it has the generic packing fields and none of the kinds' rules.
+The dataset kind is ``dataset.type``, one of the reference's class names (`DATASET_TYPES`), or the class
+that ``dataset._target_`` names: Megatron-Bridge's serialized configurations name every section's class
+with a dotted ``_target_`` path (``megatron.bridge.data.builders.gpt_sft.GPTSFTDatasetConfig``), and
+`load_config` accepts those keys on every section where they name the class it expects. Without either
+(Megatron-Bridge's override files have none: the recipe supplies the class), the kind is inferred from the
+dataset's fields when exactly one kind has them all; the report says so (``derived.dataset_type_source``),
+and fields that fit several kinds or none are a user error. A ``DatasetProvider`` is a custom provider: it
+has the generic packing fields and none of the kinds' rules.
 This module never touches the filesystem beyond reading the YAML file: explicit packed paths are not
 checked for existence (the reference does that when it builds ``PackedSequenceSpecs``).
 
@@ -295,9 +301,17 @@ class PackedSequenceSpecs(_Section):
 
 @dataclass(kw_only=True)
 class _DatasetBase(_Section):
-    """Fields every dataset kind has (Megatron-Bridge ``DataloaderConfig`` plus the splits)."""
+    """Fields every dataset kind has (Megatron-Bridge ``DataloaderConfig`` plus the splits).
+
+    Attributes:
+        type: the kind (Megatron-Bridge's class name); ``target`` is that class's dotted path.
+        type_source: how `load_config` chose the kind: ``"dataset.type"``, ``"dataset._target_"`` or
+            ``"inferred from its fields: ..."`` (the fields that decided it); None when built in Python.
+    """
 
     type: ClassVar[str]
+    target: ClassVar[str]
+    type_source: str | None = field(default=None, init=False, compare=False, repr=False)
     seq_length: int = field(metadata=_POSITIVE)
     dataloader_type: DataloaderType = "single"
     do_validation: bool = True
@@ -317,6 +331,7 @@ class GPTDatasetConfig(_DatasetBase):
     """``type: GPTDatasetConfig``: pretraining data (no packing; only R22 applies)."""
 
     type: ClassVar[str] = "GPTDatasetConfig"
+    target: ClassVar[str] = "megatron.bridge.training.config.GPTDatasetConfig"
     random_seed: int = 1234
     split: str | None = None
     reset_position_ids: bool = False
@@ -332,6 +347,7 @@ class GPTSFTDatasetConfig(_DatasetBase):
     """
 
     type: ClassVar[str] = "GPTSFTDatasetConfig"
+    target: ClassVar[str] = "megatron.bridge.data.builders.gpt_sft.GPTSFTDatasetConfig"
     dataloader_type: DataloaderType = "batch"
     dataset_root: str | None = None
     hf_dataset: str | dict[str, Any] | None = None
@@ -361,6 +377,7 @@ class DirectHFSFTDatasetConfig(_CollatePackingDataset):
     """``type: DirectHFSFTDatasetConfig``: Hugging Face conversations, collate-time packing."""
 
     type: ClassVar[str] = "DirectHFSFTDatasetConfig"
+    target: ClassVar[str] = "megatron.bridge.data.builders.direct_hf_sft.DirectHFSFTDatasetConfig"
     dataloader_type: DataloaderType = "cyclic"
 
 
@@ -369,6 +386,7 @@ class MockVLMSFTDatasetConfig(_CollatePackingDataset):
     """``type: MockVLMSFTDatasetConfig``: synthetic VLM data, collate-time packing."""
 
     type: ClassVar[str] = "MockVLMSFTDatasetConfig"
+    target: ClassVar[str] = "megatron.bridge.data.builders.mock_vlm_sft.MockVLMSFTDatasetConfig"
 
 
 @dataclass(kw_only=True)
@@ -380,6 +398,7 @@ class EnergonDatasetConfig(_CollatePackingDataset):
     """
 
     type: ClassVar[str] = "EnergonDatasetConfig"
+    target: ClassVar[str] = "megatron.bridge.data.builders.energon.EnergonDatasetConfig"
     path: str
     micro_batch_size: int = field(metadata=_POSITIVE)
     task_encoder: str | None = None
@@ -397,6 +416,7 @@ class DatasetProvider(_DatasetBase):
     """``type: DatasetProvider``: a custom provider, with the generic packing flags only."""
 
     type: ClassVar[str] = "DatasetProvider"
+    target: ClassVar[str] = "megatron.bridge.data.base.DatasetProvider"
     enable_offline_packing: bool = False
     offline_packing_specs: PackedSequenceSpecs | None = None
     enable_in_batch_packing: bool = False
@@ -412,6 +432,13 @@ DatasetConfig = (
     | DatasetProvider
 )
 DATASET_TYPES: dict[str, type] = {cls.type: cls for cls in get_args(DatasetConfig)}
+# Other class names a ``_target_`` gives the kinds: GPT SFT's deprecated name, and the pretraining subclasses,
+# which the reference's checks (isinstance) treat as their parent.
+_DATASET_ALIASES = {
+    "FinetuningDatasetConfig": GPTSFTDatasetConfig.type,
+    "MockGPTDatasetConfig": GPTDatasetConfig.type,
+    "GPTFIMDatasetConfig": GPTDatasetConfig.type,
+}
 _COLLATE_TYPES = (DirectHFSFTDatasetConfig.type, EnergonDatasetConfig.type, MockVLMSFTDatasetConfig.type)
 _FINETUNING = (GPTSFTDatasetConfig, DirectHFSFTDatasetConfig, EnergonDatasetConfig, MockVLMSFTDatasetConfig)
 
@@ -436,6 +463,23 @@ class TrainingConfig(_Section):
     dist_train: DistTrainConfig = field(default_factory=DistTrainConfig)
 
 
+# The Megatron-Bridge class of each section, as the ``_target_`` of a serialized configuration names it.
+_SECTION_TARGETS: dict[type, str] = {
+    TrainingConfig: "ConfigContainer",
+    TrainConfig: "TrainingConfig",
+    DDPConfig: "DistributedDataParallelConfig",
+    ValidationConfig: "ValidationConfig",
+    DistConfig: "DistributedInitConfig",
+    CommOverlapConfig: "CommOverlapConfig",
+    DistTrainConfig: "DistTrainConfig",
+    PackedSequenceSpecs: "PackedSequenceSpecs",
+}
+# ``model`` is one of many classes: GPTModelProvider and its per-family subclasses (Llama31ModelProvider,
+# ...), MegatronMIMOProvider, the builder configs GPTModelConfig and HybridModelConfig.
+_MODEL_TARGET_SUFFIXES = ("Provider", "ModelConfig")
+_TARGET = "_target_"
+
+
 # --------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------
@@ -444,15 +488,26 @@ class TrainingConfig(_Section):
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingConfig:
     """Build a `TrainingConfig` from a YAML file path or a dict of sections.
 
+    ``_target_`` keys (Megatron-Bridge's serialized class paths) are accepted on every section that they
+    name the right class for; on ``dataset`` the class picks the kind. A dataset with neither ``type`` nor
+    ``_target_`` gets the one kind that has all its fields.
+
     Raises:
         TightpackError: the file cannot be read or parsed, a key is unknown (the message names its path
-            and the closest valid name), a required key is missing, or a value has the wrong type.
+            and the closest valid name), a required key is missing, a value has the wrong type, a
+            ``_target_`` names another class, or the dataset kind is unknown, contradictory (``type`` vs
+            ``_target_``) or ambiguous (fields that several kinds have: set ``type``).
 
     >>> config = load_config({"train": {"micro_batch_size": 1, "global_batch_size": 8},
     ...                       "model": {"seq_length": 4096},
     ...                       "dataset": {"type": "GPTSFTDatasetConfig", "seq_length": 4096}})
     >>> config.dataset.dataloader_type, config.model.context_parallel_size
     ('batch', 1)
+    >>> inferred = load_config({"train": {"micro_batch_size": 1, "global_batch_size": 8},
+    ...                         "model": {"seq_length": 4096},
+    ...                         "dataset": {"seq_length": 4096, "dataset_root": "/data/squad"}})
+    >>> inferred.dataset.type, inferred.dataset.type_source
+    ('GPTSFTDatasetConfig', 'inferred from its fields: dataset_root')
     >>> load_config({"train": {"micro_batch_sise": 1}})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -495,6 +550,9 @@ def _join(prefix: str, name: str) -> str:
 def _build(cls: type, data: object, prefix: str) -> Any:
     if not isinstance(data, Mapping):
         raise TightpackError(f"{prefix or 'the config'} must be a mapping, got {_kind(data)}")
+    if _TARGET in data:
+        _check_section_target(cls, data[_TARGET], prefix)
+        data = {key: value for key, value in data.items() if key != _TARGET}
     fields = {item.name: item for item in dataclasses.fields(cls) if item.init}
     for key in data:
         if not isinstance(key, str):
@@ -513,18 +571,161 @@ def _build(cls: type, data: object, prefix: str) -> Any:
     return cls(**values)
 
 
+def _target_class(value: object, path: str) -> str:
+    """The class a ``_target_`` names: the last component of its dotted path."""
+    name = value.rsplit(".", 1)[-1] if isinstance(value, str) else ""
+    if not name.isidentifier():
+        raise TightpackError(
+            f"{path} must be a dotted class path (e.g. {GPTSFTDatasetConfig.target}), got {_kind(value)}"
+        )
+    return name
+
+
+def _check_section_target(cls: type, value: object, prefix: str) -> None:
+    """A section's ``_target_`` must name the Megatron-Bridge class the section is; then it is dropped."""
+    path = _join(prefix, _TARGET)
+    name = _target_class(value, path)
+    if cls is ModelConfig:
+        dataset_class = name in DATASET_TYPES or name in _DATASET_ALIASES
+        if name.endswith(_MODEL_TARGET_SUFFIXES) and not dataset_class:
+            return
+        expected = "a model provider (a class named *Provider or *ModelConfig, e.g. GPTModelProvider)"
+    else:
+        if name == _SECTION_TARGETS[cls]:
+            return
+        expected = f"Megatron-Bridge's {_SECTION_TARGETS[cls]}"
+    raise TightpackError(
+        f"{path} {value!r} names {name}, but {prefix or 'the top level'} holds {expected}; move the keys to "
+        f"their section or remove {path}"
+    )
+
+
 def _build_dataset(data: object, path: str) -> Any:
     if not isinstance(data, Mapping):
         raise TightpackError(f"{path} must be a mapping, got {_kind(data)}")
-    names = ", ".join(DATASET_TYPES)
-    if "type" not in data:
-        raise TightpackError(f"missing required key {path}.type (one of {names})")
-    kind = data["type"]
-    if not isinstance(kind, str) or kind not in DATASET_TYPES:
-        close = difflib.get_close_matches(str(kind), DATASET_TYPES, n=1, cutoff=0.5)
+    for key in data:
+        if not isinstance(key, str):
+            raise TightpackError(f"{path} has a non-string key {key!r}")
+    fields = {key: value for key, value in data.items() if key not in ("type", _TARGET)}
+    kind, source = _dataset_kind(data, list(fields), path)
+    try:
+        dataset = _build(DATASET_TYPES[kind], fields, path)
+    except TightpackError as error:
+        if source.startswith("inferred"):
+            how = source.replace("inferred", f"inferred as {kind}", 1)
+            raise TightpackError(
+                f"{error} ({path} type {how}; set {path}.type if you meant another)"
+            ) from None
+        raise
+    dataset.type_source = source
+    return dataset
+
+
+def _dataset_kind(data: Mapping[str, Any], keys: list[str], path: str) -> tuple[str, str]:
+    """The dataset kind from ``type``, ``_target_`` or the fields, and how it was chosen (``type_source``)."""
+    declared = data.get("type")
+    if "type" in data and (not isinstance(declared, str) or declared not in DATASET_TYPES):
+        names = ", ".join(DATASET_TYPES)
+        close = difflib.get_close_matches(str(declared), DATASET_TYPES, n=1, cutoff=0.5)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise TightpackError(f"unknown {path}.type {kind!r}; {hint}(one of {names})")
-    return _build(DATASET_TYPES[kind], {key: value for key, value in data.items() if key != "type"}, path)
+        raise TightpackError(f"unknown {path}.type {declared!r}; {hint}(one of {names})")
+    if _TARGET in data:
+        value = data[_TARGET]
+        name = _target_class(value, _join(path, _TARGET))
+        target = _DATASET_ALIASES.get(name, name)
+        if target not in DATASET_TYPES:
+            if declared == DatasetProvider.type:
+                return declared, f"{path}.type"  # a custom provider names its own class
+            raise TightpackError(_unknown_dataset_target_message(value, name, path))
+        if "type" in data and declared != target:
+            raise TightpackError(
+                f"{path}.type {declared!r} and {path}._target_ {value!r} name different dataset types "
+                f"({declared}, {target}); keep the one you mean and remove the other"
+            )
+        return target, f"{path}.type" if "type" in data else f"{path}._target_"
+    if "type" in data:
+        return declared, f"{path}.type"
+    kind, deciding = _infer_dataset_kind(keys, path)
+    return kind, f"inferred from its fields: {', '.join(deciding)}"
+
+
+def _unknown_dataset_target_message(value: object, name: str, path: str) -> str:
+    head = (
+        f"unknown {path}._target_ {value!r}: its class {name} is none of {', '.join(DATASET_TYPES)} "
+        f"(or {', '.join(_DATASET_ALIASES)})"
+    )
+    config_name = f"{name}Config"  # the dataset class instead of its configuration
+    if config_name in DATASET_TYPES or config_name in _DATASET_ALIASES:
+        return f"{head}; did you mean {config_name}?"
+    return f"{head}; for a custom provider set {path}.type: {DatasetProvider.type}"
+
+
+@cache
+def _dataset_fields() -> dict[str, frozenset[str]]:
+    """Each dataset kind -> the keys it takes."""
+    return {
+        name: frozenset(item.name for item in dataclasses.fields(cls) if item.init)
+        for name, cls in DATASET_TYPES.items()
+    }
+
+
+def _infer_dataset_kind(keys: list[str], path: str) -> tuple[str, tuple[str, ...]]:
+    """The one dataset kind that has every key, and the keys that decide it.
+
+    The deciding keys are those no other kind has; when every key is shared (the combination decides),
+    those that not every kind has.
+
+    >>> _infer_dataset_kind(["seq_length", "dataset_root", "enable_offline_packing"], "dataset")
+    ('GPTSFTDatasetConfig', ('dataset_root',))
+    >>> _infer_dataset_kind(["seq_length", "enable_in_batch_packing", "offline_packing_specs"], "dataset")
+    ('DatasetProvider', ('enable_in_batch_packing', 'offline_packing_specs'))
+    """
+    kinds = _dataset_fields()
+    known = frozenset().union(*kinds.values())
+    unknown = [key for key in keys if key not in known]
+    if unknown:
+        raise TightpackError(_unknown_dataset_keys_message(unknown, path))
+    owners = {key: [name for name, names in kinds.items() if key in names] for key in keys}
+    distinctive = [key for key in keys if len(owners[key]) < len(kinds)]
+    fits = [name for name, names in kinds.items() if names.issuperset(keys)]
+    if len(fits) == 1:
+        unique = tuple(key for key in keys if owners[key] == fits)
+        return fits[0], unique or tuple(distinctive)
+    if fits:
+        example = DATASET_TYPES[fits[0]]
+        raise TightpackError(
+            f"{path} has no type and its fields ({', '.join(keys) or 'none'}) fit {len(fits)} dataset types: "
+            f"{', '.join(fits)}; set {path}.type to the one you mean (e.g. type: {example.type}) or "
+            f"{path}._target_ to its class path (e.g. _target_: {example.target})"
+        )
+    described = [
+        f"{key} {'' if index else 'is a field '}of {', '.join(owners[key])}"
+        + (" only" if len(owners[key]) == 1 else "")
+        for index, key in enumerate(distinctive)
+    ]
+    raise TightpackError(
+        f"{path} has no type and its fields fit no dataset type: {', '.join(described)}; set {path}.type and "
+        "remove the fields it does not have"
+    )
+
+
+def _unknown_dataset_keys_message(unknown: list[str], path: str) -> str:
+    """Keys of a dataset without a type that no kind has, with the likeliest intended paths."""
+    several = len(unknown) > 1
+    names = sorted(frozenset().union(*_dataset_fields().values()))
+    head = (
+        f"unknown key{'s' if several else ''} {', '.join(map(repr, unknown))} in {path} "
+        f"({', '.join(_join(path, key) for key in unknown)}); "
+        f"no dataset type has {'them' if several else 'it'}"
+    )
+    hints = []
+    for key in unknown:
+        elsewhere = [found for found in _field_paths().get(key, ()) if found.rsplit(".", 1)[0] != path]
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+        guess = " or ".join(elsewhere) or (_join(path, close[0]) if close else "")
+        if guess:
+            hints.append(f"{guess} (for {key})" if several else guess)
+    return f"{head}; did you mean {', '.join(hints)}?" if hints else head
 
 
 @cache
@@ -535,6 +736,8 @@ def _field_paths() -> dict[str, tuple[str, ...]]:
     def walk(cls: type, prefix: str) -> None:
         hints = get_type_hints(cls)
         for item in dataclasses.fields(cls):
+            if not item.init:
+                continue
             path = _join(prefix, item.name)
             paths.setdefault(item.name, [])
             if path not in paths[item.name]:
@@ -553,11 +756,7 @@ def _unknown_key_message(cls: type, key: str, prefix: str) -> str:
     where = prefix or "the top level"
     head = f"unknown key {key!r} in {where}{f' ({kind})' if kind else ''} ({_join(prefix, key)})"
     if kind is not None:
-        owners = [
-            name
-            for name, other in DATASET_TYPES.items()
-            if key in {f.name for f in dataclasses.fields(other)}
-        ]
+        owners = [name for name, names in _dataset_fields().items() if key in names]
         if owners:
             hint = f"; it is a field of {', '.join(owners)}, not of {kind}"
             if key == "pad_to_max_length" and "dataset_kwargs" in valid:
@@ -646,6 +845,8 @@ class DerivedValues:
 
     Attributes:
         dataset_type: the dataset kind (``dataset.type``).
+        dataset_type_source: how the kind was chosen (``dataset.type``, ``dataset._target_`` or
+            ``inferred from its fields: ...``; None for a configuration built in Python).
         packing: the packing path in effect: ``offline``, ``in_batch`` (collate time), ``deferred``
             (in-batch packing left to the step), ``native_energon`` or ``none``.
         alignment_multiple: the CP/SP multiple k (R13): lcm over the training and evaluation CP.
@@ -664,6 +865,7 @@ class DerivedValues:
     """
 
     dataset_type: str
+    dataset_type_source: str | None = None
     packing: PackingMode
     alignment_multiple: int
     data_parallel_size: int | None
@@ -814,6 +1016,7 @@ def _derive(config: TrainingConfig) -> DerivedValues:
         pad_multiple = math.lcm(dataset.pad_to_multiple_of, multiple)
     return DerivedValues(
         dataset_type=dataset.type,
+        dataset_type_source=dataset.type_source,
         packing=_packing_mode(dataset),
         alignment_multiple=multiple,
         data_parallel_size=dp,
@@ -910,12 +1113,20 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def _dataset_type_shown(derived: DerivedValues) -> str:
+    """``GPTSFTDatasetConfig (inferred from its fields: dataset_root)``: the kind, and why unless declared."""
+    source = derived.dataset_type_source
+    if source is None or source.endswith(".type"):
+        return derived.dataset_type
+    return f"{derived.dataset_type} ({source if source.startswith('inferred') else f'from {source}'})"
+
+
 def _derived_rows(derived: DerivedValues) -> list[tuple[str, object]]:
     def shown(value: object) -> object:
         return "n/a" if value is None else value
 
     rows: list[tuple[str, object]] = [
-        ("dataset type", derived.dataset_type),
+        ("dataset type", _dataset_type_shown(derived)),
         ("packing", derived.packing),
         ("alignment multiple k (R13)", derived.alignment_multiple),
         ("data-parallel size", shown(derived.data_parallel_size)),

@@ -6,10 +6,11 @@ Two formats (``--format``):
   default ``"{input} {output}"`` as Megatron-Bridge; the template must end with the output key. The
   loss is on the completion (and the EOS).
 - ``chat``: ``messages`` = a list of ``{role, content}`` with roles system, developer, user, assistant,
-  tool; optional ``tools`` (JSON schemas) are passed to the chat template. Rendered with the
-  tokenizer's chat template when it has one, else with the built-in template below. The loss is on
-  the assistant turns (``assistant``), on the last assistant turn (``last-turn``) or everywhere
-  (``all``).
+  tool, in the OpenAI form: content parts, tool calls and tool results are checked and normalized by
+  `tightpack.prepare.chat_content`; optional ``tools`` (JSON schemas) are passed to the chat template.
+  Rendered with the tokenizer's chat template when it has one, else with the built-in template below.
+  The loss is on the assistant turns (``assistant``), on the last assistant turn (``last-turn``) or
+  everywhere (``all``).
 - ``tokens``: pre-tokenized rows, ``input_ids`` and an optional ``loss_mask``
   (`tightpack.prepare.pretokenized`); no text, no tokenizer call.
 - ``auto`` picks ``chat`` for a row with ``messages`` and ``prompt-completion`` otherwise.
@@ -17,12 +18,15 @@ Two formats (``--format``):
 Built-in chat template (used when the tokenizer has none, e.g. the built-in GPT-2)::
 
     <|tools|>\\n{tools as JSON}\\n          (only when the row has tools)
-    <|{role}|>\\n{content}\\n              (for each message)
+    <|{role}|>\\n{text}\\n                 (for each message)
 
-An assistant turn's loss span is its content and the newline that closes it, so the model learns
-where a turn ends. With a tokenizer's template, the span of assistant turn ``i`` is the text between
-rendering ``messages[:i]`` with the generation prompt and rendering ``messages[:i+1]`` (it includes
-the end-of-turn marker), or the template's own ``{% generation %}`` blocks when it has them.
+where a message's text is its content, then one ``<|tool_call|>{"name": ..., "arguments": {...}}``
+line per tool call, and for a tool turn with a known tool name a first ``<|tool_result|>{"name": ...}``
+line (`chat_content.builtin_message_text`). An assistant turn's loss span is its text (its calls
+included) and the newline that closes it, so the model learns where a turn ends. With a tokenizer's
+template, the span of assistant turn ``i`` is the text between rendering ``messages[:i]`` with the
+generation prompt and rendering ``messages[:i+1]`` (it includes the end-of-turn marker), or the
+template's own ``{% generation %}`` blocks when it has them.
 
 Every sample gets an EOS token appended (unless the text already ends with it), supervised when the
 last message is: that is how the model learns to stop.
@@ -38,10 +42,10 @@ from typing import Any, Literal, get_args
 
 from tightpack.core.truncation import ANSWER, KEEP, PROMPT, TruncationMethod
 from tightpack.errors import TightpackError, check_choice
+from tightpack.prepare.chat_content import CHAT_ROLES, ContentError, builtin_message_text, normalize_messages
 
 __all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row"]
 
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 Format = Literal["auto", "prompt-completion", "chat", "tokens"]
 LossOn = Literal["assistant", "last-turn", "all"]
 ChatTruncation = Literal["oldest-turns", "end"]
@@ -238,32 +242,19 @@ class _StrictRow(dict):
         return value
 
 
-def _checked_messages(row: dict, config: FormatConfig) -> list[dict[str, str]]:
+def _checked_messages(row: dict, config: FormatConfig) -> list[dict[str, Any]]:
     messages = row.get(config.messages_key)
     if messages is None:
         raise RowError(f"missing key {config.messages_key!r}")
     if not isinstance(messages, list) or not messages:
         raise RowError(f"{config.messages_key!r} must be a non-empty list of {{role, content}} objects")
-    if all(
-        type(m) is dict and m.get("role") in CHAT_ROLES and type(m.get("content")) is str for m in messages
-    ):
-        return messages  # the common case, checked in one pass; the loop below says what is wrong
-    for number, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise RowError(f"message {number} must be an object, got {type(message).__name__}")
-        role, content = message.get("role"), message.get("content")
-        if role not in CHAT_ROLES:
-            raise RowError(
-                f"message {number} has unknown role {role!r}; expected one of {sorted(CHAT_ROLES)}"
-            )
-        if not isinstance(content, str):
-            raise RowError(
-                f"message {number} ({role}) must have a string 'content', got {type(content).__name__}"
-            )
-    return messages
+    try:
+        return normalize_messages(messages)
+    except ContentError as error:
+        raise RowError(str(error)) from None
 
 
-def _supervised_turns(messages: list[dict[str, str]], loss_on: LossOn) -> list[int]:
+def _supervised_turns(messages: list[dict[str, Any]], loss_on: LossOn) -> list[int]:
     assistant = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
     if loss_on == "last-turn":
         return assistant[-1:]
@@ -341,7 +332,7 @@ def _render_builtin(messages, tools, turns, units):
         position = len(parts[0])
     supervised = set(turns)
     for number, (message, unit) in enumerate(zip(messages, units, strict=True)):
-        header, content = _BUILTIN_HEADERS[message["role"]], message["content"]
+        header, content = _BUILTIN_HEADERS[message["role"]], builtin_message_text(message)
         segments.append((position, KEEP, unit))
         position += len(header)
         if number in supervised:  # the content and the newline closing the turn

