@@ -2,19 +2,43 @@
 
 `load_config` reads a configuration laid out like Megatron-Bridge's ``ConfigContainer``: sections ``train``,
 ``model``, ``ddp``, ``dataset``, ``validation``, ``dist``, ``comm_overlap`` and ``dist_train`` with
-Megatron-Bridge's field names, from a YAML file or a dict. Unknown keys and wrong types are user errors
-(`TightpackError`) naming the path. `validate` checks the configuration and returns a `ValidationReport`
-with *every* violation (the reference stops at the first), each with a rule id, a severity, the reason
-and the fix, plus the values the reference derives (and would write into the configuration).
+Megatron-Bridge's field names, from a YAML file or a dict. Misspelt or misplaced keys (below) and wrong
+types are user errors (`TightpackError`) naming the path. `validate` checks the configuration and returns a
+`ValidationReport` with *every* violation (the reference stops at the first), each with a rule id, a
+severity, the reason and the fix, plus the values the reference derives (and would write into the
+configuration).
+
+Keys tightpack does not read. A real Megatron-Bridge file (a recipe override, or the configuration it
+serializes) holds hundreds of settings no packing rule uses. `load_config` accepts them without reading
+them and the report names them once (``ValidationReport.not_checked``: "not checked by tightpack: ...").
+Typos of the fields tightpack reads are still errors. The rule, for each key:
+
+1. A field tightpack models is read and type-checked (the section classes below).
+2. At the top level, Megatron-Bridge's other ``ConfigContainer`` sections (``optimizer``, ``scheduler``,
+   ``logger``, ``checkpoint``, ``tokenizer``, ... : `_MB_SECTIONS`) are accepted whole; any other name is
+   an error, naming the closest section (a closed list of about 25 names, so a stray one is a wrong file or
+   a misplaced section).
+3. Inside a section, a field that Megatron-Bridge's class has and tightpack does not model
+   (``train.eval_iters``, ``dist.use_megatron_fsdp``, ``model.hidden_size``: `_MB_FIELDS`, the dataclass
+   fields, inherited ones included, of Megatron-Bridge 067f987 with its Megatron-LM 2a75ac1) is accepted.
+   So is any key of a ``model`` whose ``_target_`` names a model provider: a serialized file lists every
+   field of its provider class, model-family fields included.
+4. Another key is an error when it looks like a field tightpack checks: a field of its section with a
+   difflib ratio of at least 0.8 (``seq_lenght``; the message names the closest), a field tightpack reads
+   in another section (``train.seq_length``), or a field of another dataset kind (``pad_to_max_length`` on
+   GPT SFT). A ``DatasetProvider`` is the user's own class, so only closeness counts there.
+5. Any other key is accepted too. Field lists lag Megatron-Core releases, and the packing report should
+   not fail on a field that is newer than the lists; Megatron-Bridge rejects a key its class lacks anyway.
 
 The dataset kind is ``dataset.type``, one of the reference's class names (`DATASET_TYPES`), or the class
 that ``dataset._target_`` names: Megatron-Bridge's serialized configurations name every section's class
 with a dotted ``_target_`` path (``megatron.bridge.data.builders.gpt_sft.GPTSFTDatasetConfig``), and
 `load_config` accepts those keys on every section where they name the class it expects. Without either
 (Megatron-Bridge's override files have none: the recipe supplies the class), the kind is inferred from the
-dataset's fields when exactly one kind has them all; the report says so (``derived.dataset_type_source``),
-and fields that fit several kinds or none are a user error. A ``DatasetProvider`` is a custom provider: it
-has the generic packing fields and none of the kinds' rules.
+dataset's fields when exactly one kind has them all (the fields tightpack models and, by rule 3, those
+Megatron-Bridge's class has; keys accepted by rule 5 do not count); the report says so
+(``derived.dataset_type_source``), and fields that fit several kinds or none are a user error. A
+``DatasetProvider`` is a custom provider: it has the generic packing fields and none of the kinds' rules.
 This module never touches the filesystem beyond reading the YAML file: explicit packed paths are not
 checked for existence (the reference does that when it builds ``PackedSequenceSpecs``).
 
@@ -451,8 +475,11 @@ class TrainingConfig(_Section):
         train, model, dataset: required sections.
         ddp, validation, dist, dist_train: optional sections (defaults as above).
         comm_overlap: optional; None when absent.
+        not_checked: the dotted paths of the keys `load_config` accepted without reading them (rules 2,
+            3 and 5 of the module docstring), in file order; empty when built in Python.
     """
 
+    not_checked: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
     train: TrainConfig
     model: ModelConfig
     dataset: DatasetConfig
@@ -480,6 +507,214 @@ _MODEL_TARGET_SUFFIXES = ("Provider", "ModelConfig")
 _TARGET = "_target_"
 
 
+def _names(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+# Megatron-Bridge's ConfigContainer sections that tightpack does not model (rule 2), and per modelled section
+# the fields of its Megatron-Bridge class that tightpack does not model (rule 3): the dataclass fields,
+# inherited ones included, of Megatron-Bridge 067f987 with the Megatron-LM it pins (2a75ac1). ``model``:
+# GPTModelProvider with Megatron-Core's TransformerConfig, MLATransformerConfig and ModelParallelConfig, the
+# other ConfigContainer model classes (HybridModelProvider, T5ModelProvider, MegatronMIMOProvider,
+# GPTModelConfig, HybridModelConfig), and the Qwen-VL providers' vision CUDA-graph scope and DistTrain.
+# GPTDatasetConfig includes its MockGPT and FIM subclasses; the other kinds have no field tightpack lacks.
+_MB_SECTIONS = _names(
+    """
+    checkpoint env_vars ft inprocess_restart logger mixed_precision nvrx_straggler optimizer
+    optimizer_config_override_provider peft profiling rerun_state_machine rng scheduler straggler
+    tensor_inspect tokenizer
+    """
+)
+_MB_FIELDS: dict[type, frozenset[str]] = {
+    TrainConfig: _names(
+        """
+        check_optimizer_step_success check_weight_hash_across_dp_replicas_interval
+        decrease_batch_size_if_needed empty_unused_memory_level eval_interval eval_iters
+        exit_duration_in_mins exit_interval exit_signal exit_signal_handler
+        exit_signal_handler_for_dataloader exit_signal_handler_for_training gpu_sniff_test_interval
+        iterations_to_skip manual_gc manual_gc_eval manual_gc_interval rampup_batch_size
+        skip_sync_grad_norm_across_mp skip_train step_batch_size_schedule train_samples
+        train_sync_interval
+        """
+    ),
+    ModelConfig: _names(
+        """
+        account_for_embedding_in_pipeline_split account_for_loss_in_pipeline_split activation_func
+        activation_func_clamp_value activation_func_fp8_input_store activation_offload_fraction
+        add_bias_linear add_qkv_bias apply_query_key_layer_scaling
+        apply_residual_connection_post_layernorm apply_rope_fusion attention_backend attention_dropout
+        attention_output_gate attention_softmax_in_fp32 autocast_dtype barrier_with_L1_time
+        batch_invariant_mode batch_p2p_comm batch_p2p_sync beta_fast beta_slow bf16
+        bias_activation_fusion bias_dropout_fusion cache_mla_latents clone_scatter_output_in_embedding
+        config_logger_dir cp_comm_type cpu_offloading cpu_offloading_activations
+        cpu_offloading_double_buffering cpu_offloading_num_layers
+        cpu_offloading_retain_pinned_cpu_buffers cpu_offloading_weights cross_entropy_fusion_impl
+        cross_entropy_loss_fusion cuda_graph_modules cuda_graph_retain_backward_graph
+        cuda_graph_use_single_mempool cuda_graph_warmup_steps deallocate_pipeline_outputs
+        defer_embedding_wgrad_compute delay_offload_until_cuda_graph delta_offload_bytes_across_pp_ranks
+        dense_grouped_gemm deterministic_mode disable_bf16_reduced_precision_matmul
+        disable_parameter_transpose_cache dist_train distribute_saved_activations dsa_indexer_head_dim
+        dsa_indexer_k_norm_epsilon dsa_indexer_k_norm_fp32 dsa_indexer_loss_coeff dsa_indexer_n_heads
+        dsa_indexer_rope_interleaved dsa_indexer_rotate_activation dsa_indexer_scoring_relu
+        dsa_indexer_skip_topk_offset dsa_indexer_topk dsa_indexer_topk_freq dsa_indexer_use_sparse_loss
+        dsa_kernel_backend embedding_init_method embedding_init_method_std enable_autocast
+        enable_cuda_graph encoder_num_layers encoder_pipeline_model_parallel_size
+        ep_overlap_early_attn_memory_release experimental_attention_variant
+        experimental_attention_variant_loss_scale_func expert_gtp_weight_remat_size
+        expert_tensor_parallel_num_weight_shards expert_tensor_parallel_size external_cuda_graph
+        extra_checkpoint_metadata ffn_hidden_size finalize_model_grads_func
+        fine_grained_activation_offloading fine_grained_offloading_max_inflight_offloads
+        first_last_layers_bf16 flash_attention_version flash_decode fp16 fp16_lm_cross_entropy
+        fp32_residual_connection fp4 fp4_param fp4_quantizer_factory fp4_recipe fp8
+        fp8_amax_compute_algo fp8_amax_history_len fp8_dot_product_attention fp8_interval fp8_margin
+        fp8_multi_head_attention fp8_output_proj fp8_param fp8_quantizer_factory fp8_recipe fp8_wgrad
+        freeze_language_model freeze_modality_encoders freeze_modality_projections
+        fused_residual_rmsnorm fused_single_qkv_rope gated_linear_unit gdp_num_householder
+        glu_linear_offset grad_scale_func grad_sync_func gradient_accumulation_fusion
+        gtp_remat_opt_in_modules gtp_weight_remat_size hetereogenous_dist_checkpoint
+        heterogeneous_block_specs hf_model_id hf_model_revision hidden_dropout hidden_size
+        hierarchical_context_parallel_sizes high_priority_a2a_comm_stream hybrid_attention_ratio
+        hybrid_context_parallel hybrid_layer_pattern hybrid_mlp_ratio hybrid_override_pattern
+        hybrid_stack_spec inference_cuda_graph_scope inference_disable_triton_nvls_kernels
+        inference_fuse_tp_communication inference_grouped_gemm_backend
+        inference_moe_disable_fused_quant_kernels inference_moe_token_dispatcher_type
+        inference_rng_tracker inference_sampling_seed init_method init_method_std
+        init_model_with_meta_device is_hybrid_model keep_mtp_spec_in_bf16 kitchen_attention_backend
+        kv_channels kv_lora_rank language_model_spec layernorm_epsilon layernorm_zero_centered_gamma
+        linear_attention_freq linear_conv_kernel_dim linear_key_head_dim linear_num_key_heads
+        linear_num_value_heads linear_value_head_dim log_max_attention_logit logit_dtype
+        make_vocab_size_divisible_by mamba_chunk_size mamba_head_dim mamba_num_groups mamba_num_heads
+        mamba_state_dim mamba_training_ssm_states_dtype masked_softmax_fusion max_position_embeddings
+        max_seqlen_per_dp_cp_rank megatron_mimo_parallelism_config memory_efficient_layer_norm
+        microbatch_group_size_per_vp_stage min_offloaded_tensor_size mla_down_proj_fusion
+        mlp_chunks_for_prefill mlp_chunks_for_training modality_submodules_spec module_output_ndim
+        moe_apply_probs_on_input moe_aux_loss_coeff moe_deepep_num_sms moe_enable_deepep
+        moe_enable_routing_replay moe_expert_capacity_factor moe_expert_rank_capacity_factor
+        moe_ffn_hidden_size moe_flex_dispatcher_backend moe_flex_dispatcher_num_sms moe_grad_scale_func
+        moe_grouped_gemm moe_hybridep_num_blocks_permute moe_hybridep_num_blocks_unpermute
+        moe_hybridep_num_sms moe_hybridep_num_sms_preprocessing moe_hybridep_pad_uneven_dispatch_inputs
+        moe_input_jitter_eps moe_latent_size moe_layer_freq moe_layer_recompute
+        moe_mlp_glu_interleave_size moe_ncclep_zero_copy moe_pad_expert_input_to_capacity
+        moe_pad_experts_for_cuda_graph_inference moe_paged_stash moe_paged_stash_buffer_size_factor_cpu
+        moe_paged_stash_buffer_size_factor_cuda moe_paged_stash_page_size moe_per_layer_logging
+        moe_permute_fusion moe_permute_fusion_into_hybridep moe_router_bias_update_rate moe_router_dtype
+        moe_router_enable_expert_bias moe_router_force_biased moe_router_force_load_balancing
+        moe_router_fusion moe_router_group_topk moe_router_load_balancing_type moe_router_num_groups
+        moe_router_padding_for_fp8 moe_router_padding_for_quantization moe_router_pre_softmax
+        moe_router_quantile_balancing_ema moe_router_score_function moe_router_topk
+        moe_router_topk_limited_devices moe_router_topk_scaling_factor moe_shared_expert_gate
+        moe_shared_expert_glu_interleave_size moe_shared_expert_intermediate_size
+        moe_shared_expert_overlap moe_single_grouped_bias moe_single_grouped_weight
+        moe_token_dispatcher_type moe_token_drop_policy moe_token_dropping moe_z_loss_coeff
+        mrope_section mscale mscale_all_dim mtp_detach_heads mtp_enabled mtp_grad_scale_func
+        mtp_hybrid_override_pattern mtp_loss_scaling_factor mtp_standalone mtp_use_repeated_layer
+        multi_latent_attention mup_attn_scale_power mup_base_head_dim mup_base_hidden_size
+        mup_embedding_mult mup_output_mult mup_width_mult nccl_all_reduce_for_prefill no_rope_freq
+        no_sync_func normalization num_attention_heads num_layers num_layers_at_end_in_bf16
+        num_layers_at_start_in_bf16 num_layers_in_first_pipeline_stage num_layers_in_last_pipeline_stage
+        num_microbatches_with_partial_activation_checkpoints num_query_groups offload_modules
+        original_max_position_embeddings output_layer_init_method
+        overlap_dispatch_backward_with_experts_wgrad overlap_p2p_comm overlap_p2p_comm_warmup_flush
+        parallel_output param_sync_func params_dtype perform_initialization persist_layer_norm
+        pipeline_dtype pipeline_model_parallel_comm_backend pipeline_model_parallel_layout
+        position_embedding_type post_wrap_hooks pre_wrap_hooks q_lora_rank qk_clip qk_clip_alpha
+        qk_clip_threshold qk_head_dim qk_l2_norm qk_layernorm qk_pos_emb_head_dim quant_recipe
+        recompute_granularity recompute_method recompute_modules recompute_num_layers
+        relative_attention_max_distance relative_attention_num_buckets restore_modelopt_state
+        rope_scaling rope_scaling_factor rope_type rotary_base rotary_interleaved rotary_percent
+        rotary_scaling_factor scatter_embedding_sequence_parallel seq_len_interpolation_factor
+        seq_length_dec share_embeddings_and_output_weights should_pad_vocab softmax_scale softmax_type
+        special_token_ids standard_provider symmetric_ar_type tensor_parallel_num_weight_shards
+        test_mode timers topology tp_comm_atomic_ag tp_comm_atomic_rs tp_comm_bootstrap_backend
+        tp_comm_bulk_dgrad tp_comm_bulk_wgrad tp_comm_overlap tp_comm_overlap_ag tp_comm_overlap_cfg
+        tp_comm_overlap_disable_fc1 tp_comm_overlap_disable_qkv tp_comm_overlap_rs
+        tp_comm_overlap_rs_dgrad tp_comm_split_ag tp_comm_split_rs tp_only_amax_red transformer
+        transformer_impl transformer_layer_spec use_arbitrary_attention_mask use_cpu_initialization
+        use_fused_weighted_squared_relu use_grouped_gemm_for_dense_mlp
+        use_grouped_gemm_for_shared_expert use_inference_optimized_layers use_kitchen
+        use_kitchen_attention use_mamba_mem_eff_path use_mup use_ring_exchange_p2p
+        use_te_activation_func use_te_rng_tracker use_transformer_engine_full_layer_spec
+        use_transformer_engine_op_fuser v_head_dim variable_seq_lengths
+        virtual_pipeline_model_parallel_size vision_cuda_graph_scope vocab_size wgrad_deferral_limit
+        window_attn_skip_freq window_size yarn_beta_fast yarn_beta_slow
+        yarn_correction_range_round_to_int yarn_mscale yarn_mscale_all_dim
+        yarn_original_max_position_embeddings yarn_rotary_scaling_factor
+        """
+    ),
+    DDPConfig: _names(
+        """
+        align_param_gather bucket_size check_for_large_grads data_parallel_sharding_strategy
+        delay_wgrad_compute disable_symmetric_registration fp4_param_gather fp8_param_gather
+        fsdp_all_gather_in_start_param_sync fsdp_db_use_persist_buf_on_alloc_fail fsdp_double_buffer
+        fsdp_manual_registration gradient_reduce_div_fusion keep_fp8_transpose_cache
+        megatron_fsdp_cuda_graph_mode megatron_fsdp_enable_fine_grained_param_gather
+        megatron_fsdp_grad_comm_dtype megatron_fsdp_main_grads_dtype megatron_fsdp_main_params_dtype
+        megatron_fsdp_max_pool_double_buffer megatron_fsdp_use_decoupled_grad megatron_fsdp_version
+        nccl_ub num_buckets num_distributed_optimizer_instances outer_dp_sharding_strategy
+        pad_buckets_for_high_nccl_busbw param_name_patterns_for_fp32_local_accumulation
+        reduce_scatter_with_fp32_accumulation reuse_grad_buf_for_mxfp8_param_ag
+        suggested_communication_unit_size use_custom_fsdp use_megatron_fsdp
+        """
+    ),
+    ValidationConfig: _names(
+        """
+        full_validation multiple_validation_sets skip_train start_eval_at_iter test_mode
+        validation_set_names
+        """
+    ),
+    DistConfig: _names(
+        """
+        align_grad_reduce disable_jit_fuser distributed_backend distributed_timeout_minutes
+        distributed_timeout_seconds_after_init enable_megatron_core_experimental
+        external_gpu_device_mapping flight_recorder_dump_on_timeout flight_recorder_dump_path
+        flight_recorder_extra_dump_on_exec flight_recorder_include_only_active
+        flight_recorder_include_stack_trace flight_recorder_trace_buffer_size
+        high_priority_stream_groups lazy_mpu_init local_rank nccl_communicator_config_path
+        sharp_enabled_group use_decentralized_pg use_gloo_process_groups use_megatron_fsdp use_sharp
+        use_torch_fsdp2 use_tp_pp_dp_mapping
+        """
+    ),
+    CommOverlapConfig: _names(
+        """
+        align_param_gather batch_p2p_comm bucket_size data_parallel_size defer_embedding_wgrad_compute
+        overlap_grad_reduce overlap_p2p_comm overlap_param_gather
+        overlap_param_gather_with_optimizer_step tp_comm_bootstrap_backend tp_comm_overlap_cfg
+        wgrad_deferral_limit
+        """
+    ),
+    GPTDatasetConfig: _names(
+        """
+        add_extra_token_to_sequence allow_ambiguous_pad_tokens blend blend_per_split
+        context_parallel_size create_attention_mask data_parallel_size data_path defer_npy_index_mmap
+        drop_last_partial_validation_sequence fast_cache_load fim_extra_tokens fim_fragment_rate
+        fim_no_prefix fim_rate fim_split_sample fim_spm_rate full_validation hybrid_context_parallel
+        inter_document_masking mid_level_dataset_surplus mmap_bin_files multiple_validation_sets
+        num_dataset_builder_threads object_storage_cache_path path_to_cache per_dataset_sequences_path
+        sequence_length sequence_parallel_size sequences_per_dataset tokenizer
+        """
+    ),
+    GPTSFTDatasetConfig: _names(
+        """
+        hf_output_root hf_test_dataset hf_validation_dataset hf_validation_proportion
+        """
+    ),
+    DirectHFSFTDatasetConfig: _names(
+        """
+        blend_seed hf_processor_kwargs hf_processor_path preprocessing
+        skip_getting_attention_mask_from_dataset source source_weights test_source validation_source
+        """
+    ),
+    MockVLMSFTDatasetConfig: _names(
+        """
+        hf_processor_path image_size num_base_examples num_images prompt random_seed
+        skip_getting_attention_mask_from_dataset
+        """
+    ),
+}
+# Rule 4: an unread key this close (difflib ratio) to a field of its section is a typo of that field.
+_CLOSE_RATIO = 0.8
+
+
 # --------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------
@@ -490,11 +725,13 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingC
 
     ``_target_`` keys (Megatron-Bridge's serialized class paths) are accepted on every section that they
     name the right class for; on ``dataset`` the class picks the kind. A dataset with neither ``type`` nor
-    ``_target_`` gets the one kind that has all its fields.
+    ``_target_`` gets the one kind that has all its fields. Keys tightpack does not read are accepted by the
+    rules of the module docstring and listed in ``config.not_checked``.
 
     Raises:
-        TightpackError: the file cannot be read or parsed, a key is unknown (the message names its path
-            and the closest valid name), a required key is missing, a value has the wrong type, a
+        TightpackError: the file cannot be read or parsed, a key looks like a misspelt or misplaced field
+            tightpack checks or is no ConfigContainer section (the message names its path and the closest
+            valid name), a required key is missing, a value has the wrong type, a
             ``_target_`` names another class, or the dataset kind is unknown, contradictory (``type`` vs
             ``_target_``) or ambiguous (fields that several kinds have: set ``type``).
 
@@ -508,13 +745,19 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingC
     ...                         "dataset": {"seq_length": 4096, "dataset_root": "/data/squad"}})
     >>> inferred.dataset.type, inferred.dataset.type_source
     ('GPTSFTDatasetConfig', 'inferred from its fields: dataset_root')
+    >>> recipe = load_config({"train": {"micro_batch_size": 1, "global_batch_size": 8, "eval_iters": 10},
+    ...                       "model": {"seq_length": 4096, "hidden_size": 4096},
+    ...                       "dataset": {"seq_length": 4096, "dataset_root": "/data/squad"},
+    ...                       "optimizer": {"lr": 1e-5}})
+    >>> recipe.not_checked
+    ('train.eval_iters', 'model.hidden_size', 'optimizer')
     >>> load_config({"train": {"micro_batch_sise": 1}})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     tightpack.errors.TightpackError: unknown key 'micro_batch_sise' ...; did you mean train.micro_batch_size?
     """
     if isinstance(source, Mapping):
-        return _build(TrainingConfig, source, "")
+        return _build_config(source)
     path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
@@ -536,7 +779,14 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingC
         raise TightpackError(
             f"config {path} must be a mapping of sections (train, model, dataset, ...), got {_kind(data)}"
         )
-    return _build(TrainingConfig, data, "")
+    return _build_config(data)
+
+
+def _build_config(data: Mapping[str, Any]) -> TrainingConfig:
+    skipped: list[str] = []
+    config = _build(TrainingConfig, data, "", skipped)
+    config.not_checked = tuple(skipped)
+    return config
 
 
 def _kind(value: object) -> str:
@@ -547,27 +797,35 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _build(cls: type, data: object, prefix: str) -> Any:
+def _build(cls: type, data: object, prefix: str, skipped: list[str]) -> Any:
+    """An instance of ``cls`` from ``data``; the keys it accepts unread are appended to ``skipped``."""
     if not isinstance(data, Mapping):
         raise TightpackError(f"{prefix or 'the config'} must be a mapping, got {_kind(data)}")
+    any_key = False
     if _TARGET in data:
         _check_section_target(cls, data[_TARGET], prefix)
+        any_key = cls is ModelConfig  # a serialized provider: every field of its class (rule 3)
         data = {key: value for key, value in data.items() if key != _TARGET}
     fields = {item.name: item for item in dataclasses.fields(cls) if item.init}
     for key in data:
         if not isinstance(key, str):
             raise TightpackError(f"{prefix or 'the config'} has a non-string key {key!r}")
-        if key not in fields:
-            raise TightpackError(_unknown_key_message(cls, key, prefix))
+        message = None if key in fields or any_key else _unknown_key_message(cls, key, prefix)
+        if message is not None:
+            raise TightpackError(message)
     hints = get_type_hints(cls)
     values = {}
+    for key, value in data.items():  # in file order, so that ``skipped`` is too
+        path = _join(prefix, key)
+        if key not in fields:
+            skipped.append(path)
+            continue
+        values[key] = _convert(value, hints[key], path, skipped)
+        _check_minimum(values[key], fields[key].metadata.get("minimum"), path)
     for name, item in fields.items():
-        path = _join(prefix, name)
-        if name in data:
-            values[name] = _convert(data[name], hints[name], path)
-            _check_minimum(values[name], item.metadata.get("minimum"), path)
-        elif item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING:
-            raise TightpackError(f"missing required key {path}")
+        required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        if required and name not in values:
+            raise TightpackError(f"missing required key {_join(prefix, name)}")
     return cls(**values)
 
 
@@ -600,7 +858,7 @@ def _check_section_target(cls: type, value: object, prefix: str) -> None:
     )
 
 
-def _build_dataset(data: object, path: str) -> Any:
+def _build_dataset(data: object, path: str, skipped: list[str]) -> Any:
     if not isinstance(data, Mapping):
         raise TightpackError(f"{path} must be a mapping, got {_kind(data)}")
     for key in data:
@@ -609,7 +867,7 @@ def _build_dataset(data: object, path: str) -> Any:
     fields = {key: value for key, value in data.items() if key not in ("type", _TARGET)}
     kind, source = _dataset_kind(data, list(fields), path)
     try:
-        dataset = _build(DATASET_TYPES[kind], fields, path)
+        dataset = _build(DATASET_TYPES[kind], fields, path, skipped)
     except TightpackError as error:
         if source.startswith("inferred"):
             how = source.replace("inferred", f"inferred as {kind}", 1)
@@ -662,29 +920,44 @@ def _unknown_dataset_target_message(value: object, name: str, path: str) -> str:
 
 @cache
 def _dataset_fields() -> dict[str, frozenset[str]]:
-    """Each dataset kind -> the keys it takes."""
+    """Each dataset kind -> the keys tightpack models for it."""
     return {
         name: frozenset(item.name for item in dataclasses.fields(cls) if item.init)
         for name, cls in DATASET_TYPES.items()
     }
 
 
+@cache
+def _dataset_known_fields() -> dict[str, frozenset[str]]:
+    """Each dataset kind -> the keys its Megatron-Bridge class takes: tightpack's and `_MB_FIELDS`."""
+    return {
+        name: names | _MB_FIELDS.get(DATASET_TYPES[name], frozenset())
+        for name, names in _dataset_fields().items()
+    }
+
+
 def _infer_dataset_kind(keys: list[str], path: str) -> tuple[str, tuple[str, ...]]:
     """The one dataset kind that has every key, and the keys that decide it.
 
-    The deciding keys are those no other kind has; when every key is shared (the combination decides),
-    those that not every kind has.
+    A key that no kind has does not count when rule 5 of the module docstring accepts it (`_build` then
+    lists it as not checked); it is an error when it looks like a field tightpack checks (rule 4). The
+    deciding keys are those no other kind has; when every key is shared (the combination decides), those
+    that not every kind has.
 
     >>> _infer_dataset_kind(["seq_length", "dataset_root", "enable_offline_packing"], "dataset")
     ('GPTSFTDatasetConfig', ('dataset_root',))
     >>> _infer_dataset_kind(["seq_length", "enable_in_batch_packing", "offline_packing_specs"], "dataset")
     ('DatasetProvider', ('enable_in_batch_packing', 'offline_packing_specs'))
+    >>> _infer_dataset_kind(["seq_length", "data_path", "cache_tag"], "dataset")  # Megatron-Bridge's field
+    ('GPTDatasetConfig', ('data_path',))
     """
-    kinds = _dataset_fields()
+    kinds = _dataset_known_fields()
     known = frozenset().union(*kinds.values())
-    unknown = [key for key in keys if key not in known]
-    if unknown:
-        raise TightpackError(_unknown_dataset_keys_message(unknown, path))
+    hints = {key: _dataset_key_hint(key, path) for key in keys if key not in known}
+    suspects = {key: hint for key, hint in hints.items() if hint is not None}
+    if suspects:
+        raise TightpackError(_unknown_dataset_keys_message(suspects, path))
+    keys = [key for key in keys if key in known]
     owners = {key: [name for name, names in kinds.items() if key in names] for key in keys}
     distinctive = [key for key in keys if len(owners[key]) < len(kinds)]
     fits = [name for name, names in kinds.items() if names.issuperset(keys)]
@@ -709,23 +982,25 @@ def _infer_dataset_kind(keys: list[str], path: str) -> tuple[str, tuple[str, ...
     )
 
 
-def _unknown_dataset_keys_message(unknown: list[str], path: str) -> str:
-    """Keys of a dataset without a type that no kind has, with the likeliest intended paths."""
-    several = len(unknown) > 1
+def _dataset_key_hint(key: str, path: str) -> str | None:
+    """Rule 4 for a key no dataset kind has: the field tightpack checks that it likely means, else None."""
+    elsewhere = [found for found in _field_paths().get(key, ()) if found.rsplit(".", 1)[0] != path]
+    if elsewhere:
+        return " or ".join(elsewhere)
     names = sorted(frozenset().union(*_dataset_fields().values()))
-    head = (
-        f"unknown key{'s' if several else ''} {', '.join(map(repr, unknown))} in {path} "
-        f"({', '.join(_join(path, key) for key in unknown)}); "
-        f"no dataset type has {'them' if several else 'it'}"
+    close = difflib.get_close_matches(key, names, n=1, cutoff=_CLOSE_RATIO)
+    return _join(path, close[0]) if close else None
+
+
+def _unknown_dataset_keys_message(suspects: Mapping[str, str], path: str) -> str:
+    """Keys of a dataset without a type that no kind has (key -> the field it likely means)."""
+    several = len(suspects) > 1
+    guesses = [f"{hint} (for {key})" if several else hint for key, hint in suspects.items()]
+    return (
+        f"unknown key{'s' if several else ''} {', '.join(map(repr, suspects))} in {path} "
+        f"({', '.join(_join(path, key) for key in suspects)}); no dataset type has "
+        f"{'them' if several else 'it'}; did you mean {', '.join(guesses)}?"
     )
-    hints = []
-    for key in unknown:
-        elsewhere = [found for found in _field_paths().get(key, ()) if found.rsplit(".", 1)[0] != path]
-        close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-        guess = " or ".join(elsewhere) or (_join(path, close[0]) if close else "")
-        if guess:
-            hints.append(f"{guess} (for {key})" if several else guess)
-    return f"{head}; did you mean {', '.join(hints)}?" if hints else head
 
 
 @cache
@@ -750,25 +1025,41 @@ def _field_paths() -> dict[str, tuple[str, ...]]:
     return {name: tuple(found) for name, found in paths.items()}
 
 
-def _unknown_key_message(cls: type, key: str, prefix: str) -> str:
+def _unknown_key_message(cls: type, key: str, prefix: str) -> str | None:
+    """The error for a key that ``cls`` does not model, or None when it is accepted unread.
+
+    Rules 2 to 5 of the module docstring: a Megatron-Bridge section or field is accepted; a key like a field
+    tightpack checks (misplaced, of another dataset kind, or within `_CLOSE_RATIO`) is an error; a stray
+    top-level name is an error; any other key is accepted.
+    """
     valid = [item.name for item in dataclasses.fields(cls) if item.init]
     kind = getattr(cls, "type", None)
     where = prefix or "the top level"
     head = f"unknown key {key!r} in {where}{f' ({kind})' if kind else ''} ({_join(prefix, key)})"
-    if kind is not None:
-        owners = [name for name, names in _dataset_fields().items() if key in names]
-        if owners:
-            hint = f"; it is a field of {', '.join(owners)}, not of {kind}"
-            if key == "pad_to_max_length" and "dataset_kwargs" in valid:
-                hint += f"; {kind} takes it as {prefix}.dataset_kwargs.pad_to_max_length"
-            return head + hint
+    top = cls is TrainingConfig
+    if key in (_MB_SECTIONS if top else _MB_FIELDS.get(cls, ())):
+        return None
+    custom = cls is DatasetProvider  # the user's own class: only closeness counts
+    owners = [name for name, names in _dataset_fields().items() if key in names] if kind else []
+    if owners and not custom:
+        hint = f"; it is a field of {', '.join(owners)}, not of {kind}"
+        if key == "pad_to_max_length" and "dataset_kwargs" in valid:
+            hint += f"; {kind} takes it as {prefix}.dataset_kwargs.pad_to_max_length"
+        return head + hint
     elsewhere = [path for path in _field_paths().get(key, ()) if path.rsplit(".", 1)[0] != prefix]
-    if elsewhere:
+    if elsewhere and not custom:
         return f"{head}; did you mean {' or '.join(elsewhere)}?"
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    if close:
-        return f"{head}; did you mean {_join(prefix, close[0])}?"
-    return f"{head}; valid keys: {', '.join(valid)}"
+    if top:
+        sections = sorted(_MB_SECTIONS)
+        close = difflib.get_close_matches(key, [*valid, *sections], n=1, cutoff=0.5)
+        if close:
+            return f"{head}; did you mean {close[0]}?"
+        return (
+            f"{head}; valid keys: {', '.join(valid)}, and Megatron-Bridge's other sections, which tightpack "
+            f"does not check: {', '.join(sections)}"
+        )
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=_CLOSE_RATIO)
+    return f"{head}; did you mean {_join(prefix, close[0])}?" if close else None
 
 
 def _describe(annotation: Any) -> str:
@@ -805,14 +1096,14 @@ def _matches(value: object, annotation: Any) -> bool:
     return isinstance(value, annotation)
 
 
-def _convert(value: object, annotation: Any, path: str) -> Any:
+def _convert(value: object, annotation: Any, path: str, skipped: list[str]) -> Any:
     if annotation == DatasetConfig:
-        return _build_dataset(value, path)
+        return _build_dataset(value, path, skipped)
     origin, args = get_origin(annotation), get_args(annotation)
     if origin in (Union, types.UnionType):
         for member in args:
             if _matches(value, member):
-                return _convert(value, member, path)
+                return _convert(value, member, path, skipped)
         raise TightpackError(f"{path} must be {_describe(annotation)}, got {_kind(value)}")
     if not _matches(value, annotation):
         raise TightpackError(f"{path} must be {_describe(annotation)}, got {_kind(value)}")
@@ -823,14 +1114,14 @@ def _convert(value: object, annotation: Any, path: str) -> Any:
             raise TightpackError(f"{path} must be {_describe(annotation)}, got {value!r}{hint}")
         return value
     if origin is list:
-        return [_convert(item, args[0], f"{path}[{index}]") for index, item in enumerate(value)]  # type: ignore[arg-type]
+        return [_convert(item, args[0], f"{path}[{index}]", skipped) for index, item in enumerate(value)]  # type: ignore[arg-type]
     if origin is dict:
         for key in value:  # type: ignore[union-attr]
             if not isinstance(key, str):
                 raise TightpackError(f"{path} keys must be strings, got {key!r}")
-        return {key: _convert(item, args[1], _join(path, key)) for key, item in value.items()}  # type: ignore[union-attr]
+        return {key: _convert(item, args[1], _join(path, key), skipped) for key, item in value.items()}  # type: ignore[union-attr]
     if dataclasses.is_dataclass(annotation):
-        return _build(annotation, value, path)  # type: ignore[arg-type]
+        return _build(annotation, value, path, skipped)  # type: ignore[arg-type]
     return float(value) if annotation is float else value  # type: ignore[arg-type]
 
 
@@ -1059,7 +1350,12 @@ class Finding:
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """Every finding of `validate`, in rule order, and the derived values.
+    """Every finding of `validate`, in rule order, the derived values and the keys no rule read.
+
+    Attributes:
+        findings: the violations, errors and warnings, in rule order.
+        derived: what the reference derives (None: not computed).
+        not_checked: the dotted paths `load_config` accepted without reading (``TrainingConfig.not_checked``).
 
     >>> report = ValidationReport(findings=(Finding("R21", "error", "MBS is 1", "set MBS 2"),), derived=None)
     >>> report.ok, [finding.rule for finding in report.errors], report.warnings
@@ -1068,6 +1364,7 @@ class ValidationReport:
 
     findings: tuple[Finding, ...]
     derived: DerivedValues | None
+    not_checked: tuple[str, ...] = ()
 
     @property
     def errors(self) -> tuple[Finding, ...]:
@@ -1083,7 +1380,7 @@ class ValidationReport:
         return not self.errors
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``ok``, ``errors``, ``warnings``, ``derived`` and ``overrides``."""
+        """JSON-ready: ``ok``, ``errors``, ``warnings``, ``derived``, ``overrides`` and ``not_checked``."""
         derived = self.derived
         return {
             "ok": self.ok,
@@ -1091,10 +1388,11 @@ class ValidationReport:
             "warnings": [dataclasses.asdict(finding) for finding in self.warnings],
             "derived": dataclasses.asdict(derived) if derived else None,
             "overrides": derived.overrides() if derived else {},
+            "not_checked": list(self.not_checked),
         }
 
     def format(self) -> str:
-        """Human-readable text: errors, warnings (rule, reason, fix), then the derived values."""
+        """Human-readable text: errors, warnings (rule, reason, fix), derived values, keys not checked."""
         lines: list[str] = []
         for title, findings in (("errors", self.errors), ("warnings", self.warnings)):
             lines.append(f"{title} ({len(findings)}):" if findings else f"{title}: none")
@@ -1104,6 +1402,8 @@ class ValidationReport:
         if self.derived is not None:
             lines.append("derived values:")
             lines += [f"  {name:<42} {value}" for name, value in _derived_rows(self.derived)]
+        if self.not_checked:
+            lines.append(_not_checked_line(self.not_checked))
         counts = f"{_plural(len(self.errors), 'error')}, {_plural(len(self.warnings), 'warning')}"
         lines.append(f"result: {'ok' if self.ok else 'invalid'} ({counts})")
         return "\n".join(lines)
@@ -1111,6 +1411,27 @@ class ValidationReport:
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+_NOT_CHECKED_SHOWN = 3  # a section with more unread keys is summarized as "N keys of SECTION"
+
+
+def _not_checked_line(paths: Iterable[str]) -> str:
+    """The keys no rule read, in one line: whole sections first, then each section's keys or their count.
+
+    >>> model = ["model.hidden_size", "model.num_layers", "model.ffn_hidden_size", "model.vocab_size"]
+    >>> _not_checked_line(["train.eval_iters", *model, "optimizer", "scheduler"])
+    'not checked by tightpack: optimizer, scheduler, train.eval_iters, 4 keys of model (7 keys)'
+    """
+    groups: dict[str, list[str]] = {"": []}  # the top level's whole sections first
+    for path in paths:
+        groups.setdefault(path.rpartition(".")[0], []).append(path)
+    shown: list[str] = []
+    for section, keys in groups.items():
+        many = section and len(keys) > _NOT_CHECKED_SHOWN
+        shown += [f"{len(keys)} keys of {section}"] if many else keys
+    total = sum(len(keys) for keys in groups.values())
+    return f"not checked by tightpack: {', '.join(shown)} ({_plural(total, 'key')})"
 
 
 def _dataset_type_shown(derived: DerivedValues) -> str:
@@ -1969,4 +2290,4 @@ def validate(config: TrainingConfig) -> ValidationReport:
         for rule_id, rule in RULES
         for issue in rule(config, derived)
     ]
-    return ValidationReport(findings=tuple(findings), derived=derived)
+    return ValidationReport(findings=tuple(findings), derived=derived, not_checked=config.not_checked)
