@@ -375,7 +375,7 @@ class TestInspect:
         }
         table = run_cli("inspect", folder, "--pack-size", 5, cwd=tmp_path)
         assert table.returncode == 0, table.stderr
-        assert summary_value(table.stdout, "efficiency") == "0.9000"  # 9 / (2 * 5)
+        assert summary_value(table.stdout, "efficiency") == "90.00%"  # 9 / (2 * 5), as pack prints it
         assert summary_value(table.stdout, "over pack size") == "1"  # pack 0 holds 6 > 5
 
     def test_megatron_bridge_folder_without_pack_size(self, tmp_path):

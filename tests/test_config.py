@@ -1472,3 +1472,10 @@ def test_config_built_in_python_has_nothing_unchecked():
     assert config.not_checked == ()
     assert "not checked" not in validate(config).format()
     assert validate(config).to_dict()["not_checked"] == []
+
+
+def test_the_readme_example_is_the_one_tested_here():
+    """The YAML the README shows under `tightpack validate` is README_EXAMPLE, so the two cannot drift."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("validates clean:\n\n```yaml\n", 1)[1].split("```", 1)[0]
+    assert yaml.safe_load(block) == yaml.safe_load(README_EXAMPLE)

@@ -349,3 +349,33 @@ def test_a_saved_dataset_dict_folder_through_the_cli_needs_its_split(rows, refer
         sorted((tmp_path / "out").glob("packs-*.idx.parquet")), columns=list(PACKED_COLUMNS)
     )
     assert table.to_pydict() == expected
+
+
+class _Recorder:
+    """A `tightpack.pipeline.Progress` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def begin(self, stage, total):
+        self.events.append(("begin", stage, total))
+
+    def advance(self, amount):
+        self.events.append(("advance", amount))
+
+    def end(self):
+        self.events.append(("end",))
+
+
+def test_progress_totals_the_rows_and_advances_every_quarter_megabyte(tmp_path):
+    rows = [{"input": "word " * 20_000, "output": f"answer {i}"} for i in range(12)]  # 100 kB each
+    path = write_jsonl(tmp_path / "long.jsonl", rows)  # ends with a newline: 12 lines, not 13
+    progress = _Recorder()
+    pack_dataset([path], tmp_path / "out", PackConfig(packed_sequence_size=256, workers=1), progress=progress)
+    start = progress.events.index(("begin", "tokenize", 12))
+    steps = []
+    for event in progress.events[start + 1 :]:
+        if event[0] != "advance":
+            break
+        steps.append(event[1])
+    assert sum(steps) == 12 and max(steps) <= 3  # chunks of at most 256 KiB of input, not 512 rows

@@ -204,3 +204,40 @@ def test_cli_refuses_an_unknown_truncation_choice(flag):
         check=False,
     )
     assert result.returncode == 2 and "middle" in result.stderr and "Traceback" not in result.stderr
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_template_rounds_dropped_leave_what_the_template_renders_for_the_rest():
+    """With a tokenizer's template, segments are found from the template's own prefixes: dropping
+    the oldest round (characters standing for tokens here) leaves exactly the rendering of the
+    conversation without that round, system turn kept."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from tightpack.prepare.formats import render_row
+
+    def render(messages):
+        return render_jinja_template([messages], chat_template=CHATML)[0][0]
+
+    system = {"role": "system", "content": "be brief"}
+    rounds = [
+        [{"role": "user", "content": f"question {r} " * 5}, {"role": "assistant", "content": f"answer {r}"}]
+        for r in range(3)
+    ]
+    messages = [system, *rounds[0], *rounds[1], *rounds[2]]
+    rendered = render_row({"messages": messages}, FormatConfig(format="chat"), CHATML, {})
+    assert rendered.text == render(messages)
+    starts = [start for start, _, _ in rendered.segments]
+    kinds = [kind for _, kind, _ in rendered.segments]
+    units = [unit for _, _, unit in rendered.segments]
+    assert sorted({u for u in units if u >= 0}) == [0, 1, 2]
+    kept_one = len(render([system, *rounds[1], *rounds[2]]))
+    ranges, reason = keep_ranges(len(rendered.text), starts, kinds, units, kept_one, "right")
+    assert reason == 1
+    assert "".join(rendered.text[a:b] for a, b in ranges) == render([system, *rounds[1], *rounds[2]])
+    ranges, _ = keep_ranges(len(rendered.text), starts, kinds, units, kept_one - 1, "right")
+    assert "".join(rendered.text[a:b] for a, b in ranges) == render([system, *rounds[2]])

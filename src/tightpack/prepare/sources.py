@@ -35,6 +35,10 @@ from tightpack.errors import TightpackError
 __all__ = ["DEFAULT_CORPUS_NAME", "Chunk", "Source", "default_corpus", "open_sources"]
 
 DEFAULT_CORPUS_NAME = "chitchat-dataset (embedded default)"
+#: A JSONL chunk also ends once it holds this many bytes: progress advances at least every 256 KiB of
+#: input (long rows make 512-row chunks slow), and a chunk of giant rows holds few of them. Fixed, so
+#: the chunks (and the output) do not depend on the number of workers.
+CHUNK_BYTES = 1 << 18
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -119,12 +123,23 @@ class Source:
     read: Any = field(repr=False)  # (first_sample, chunk_rows) -> Iterator[Chunk]
 
 
+def _line_count(path: Path, newlines: int) -> int:
+    """Lines of a text file: its newlines, plus a last line that has none."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb") as handle:
+        handle.seek(size - 1)
+        return newlines + (handle.read(1) != b"\n")
+
+
 def _jsonl_source(path: Path) -> Source:
     sha256, newlines = sha256_and_count(path)
 
     def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
         lines: list[bytes] = []
         positions: list[int] = []
+        size = 0
         with open(path, "rb") as handle:
             for number, line in enumerate(handle, start=1):
                 if number == 1 and line.startswith(b"\xef\xbb\xbf"):
@@ -133,14 +148,15 @@ def _jsonl_source(path: Path) -> Source:
                     continue
                 lines.append(line)
                 positions.append(number)
-                if len(lines) == chunk_rows:
+                size += len(line)
+                if len(lines) == chunk_rows or size >= CHUNK_BYTES:
                     yield Chunk(first_sample, str(path), lines=lines, positions=positions)
                     first_sample += len(lines)
-                    lines, positions = [], []
+                    lines, positions, size = [], [], 0
         if lines:
             yield Chunk(first_sample, str(path), lines=lines, positions=positions)
 
-    return Source(str(path), {"path": str(path), "sha256": sha256}, newlines + 1, read)
+    return Source(str(path), {"path": str(path), "sha256": sha256}, _line_count(path, newlines), read)
 
 
 def _parquet_source(path: Path) -> Source:
