@@ -433,37 +433,12 @@ def test_no_input_with_an_output_is_an_error_not_the_demo(tmp_path):
 
 
 def test_pack_refuses_up_front_what_verify_rejects(tmp_path, corpus):
+    fixed_width = ["--cp", "2", "--pad-to-max-length", "--workers", "1"]
     line = error_line(
-        run_cli(
-            "pack",
-            corpus,
-            "-o",
-            tmp_path / "out",
-            "--pack-size",
-            "65",
-            "--cp",
-            "2",
-            "--pad-to-max-length",
-            "--workers",
-            "1",
-            cwd=tmp_path,
-        )
+        run_cli("pack", corpus, "-o", tmp_path / "out", "--pack-size", "65", *fixed_width, cwd=tmp_path)
     )
     assert "not a multiple of the alignment multiple 4" in line and "--pack-size 64 or 68" in line
-    done = run_cli(
-        "pack",
-        corpus,
-        "-o",
-        tmp_path / "out",
-        "--pack-size",
-        "64",
-        "--cp",
-        "2",
-        "--pad-to-max-length",
-        "--workers",
-        "1",
-        cwd=tmp_path,
-    )
+    done = run_cli("pack", corpus, "-o", tmp_path / "out", "--pack-size", "64", *fixed_width, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     checked = run_cli("verify", tmp_path / "out", "--cp", "2", cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout

@@ -277,8 +277,12 @@ def _byte_level_segments(rendered, byte_base, token_ends, token_base, lengths) -
         chars = [start for start, _, _ in sample.segments]
         if sample.text.isascii():
             positions += [base + c for c in chars]
-        else:
-            positions += [base + len(sample.text[:c].encode("utf-8")) for c in chars]
+            continue
+        done, at = 0, base  # UTF-8 offsets, one piece of text between two segment starts at a time
+        for c in chars:
+            at += len(sample.text[done:c].encode("utf-8"))
+            done = c
+            positions.append(at)
     counts = np.array([len(sample.segments) for _, sample in rendered], dtype=np.int64)
     found = np.searchsorted(token_ends, np.array(positions, dtype=np.int64), side="right")
     relative = found - np.repeat(token_base, counts)
