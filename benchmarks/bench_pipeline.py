@@ -92,6 +92,7 @@ def main() -> None:
             pack_command = [
                 tightpack,
                 "pack",
+                "--demo",
                 "--workers",
                 str(workers),
                 "-o",

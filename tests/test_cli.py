@@ -428,7 +428,7 @@ class TestVersion:
 def test_no_input_with_an_output_is_an_error_not_the_demo(tmp_path):
     """A shell pattern that matched nothing (nullglob) leaves no input: never pack the demo instead."""
     line = error_line(run_cli("pack", "-o", tmp_path / "out", "--pack-size", "64", cwd=tmp_path))
-    assert "no input given" in line and "pattern" in line
+    assert "no input given" in line and "pattern" in line and "--demo" in line
     assert not (tmp_path / "out").exists()
 
 

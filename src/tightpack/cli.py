@@ -169,12 +169,18 @@ def pack(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing output folder.")
     ] = False,
+    demo: Annotated[
+        bool,
+        typer.Option("--demo", help="Pack the embedded demo corpus (needed with --output and no input)."),
+    ] = False,
 ) -> None:
     """Tokenize samples and pack them into Megatron-Bridge-readable packed Parquet."""
-    if not inputs and output is not None:
+    if inputs and demo:
+        raise TightpackError("--demo packs the embedded corpus: give either inputs or --demo")
+    if not inputs and output is not None and not demo:
         raise TightpackError(
             "no input given (a shell pattern that matched nothing passes no argument; quote it to have "
-            "tightpack name it); the demo corpus runs only without inputs and without --output"
+            "tightpack name it); to pack the demo corpus into --output, add --demo"
         )
     if inputs:
         if output is None:

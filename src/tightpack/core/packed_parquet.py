@@ -100,15 +100,9 @@ class Overlay:
     index: np.ndarray
 
 
-def _take(main: np.ndarray, overlay: np.ndarray | None, source: np.ndarray, from_overlay: np.ndarray | None):
-    """``main[source]``, or ``overlay[source]`` where ``from_overlay``; positions clipped to each array
-    (alignment padding may run past the end, and is overwritten by the caller)."""
-    if from_overlay is None:
-        return main[np.minimum(source, len(main) - 1)]
-    values = np.empty(len(source), dtype=main.dtype)
-    values[~from_overlay] = main[np.minimum(source[~from_overlay], len(main) - 1)]
-    values[from_overlay] = overlay[np.minimum(source[from_overlay], len(overlay) - 1)]
-    return values
+def _positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, ...`` (``counts[i]`` of each), back to back."""
+    return np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
 
 
 def gather_packs(
@@ -135,23 +129,30 @@ def gather_packs(
     stored = aligned[samples] + 1
     store_starts = store.offsets[samples]
     store_ends = store.offsets[samples + 1]
-    replaced = replaced_tokens = None
-    if overlay is not None and (replaced := overlay.index[samples] >= 0).any():
+    replaced = np.zeros(len(samples), dtype=bool) if overlay is None else overlay.index[samples] >= 0
+    if replaced.any():
         replacement = overlay.index[samples][replaced]
         store_starts[replaced] = overlay.store.offsets[replacement]
         store_ends[replaced] = overlay.store.offsets[replacement + 1]
-        replaced_tokens = np.repeat(replaced, stored)
     real = np.minimum(store_ends - store_starts, stored)
     seq_starts = np.cumsum(stored) - stored
     total = int(stored.sum())
-    extra = overlay.store if replaced_tokens is not None else None
+    last_token = len(store.tokens) - 1
 
     source = np.repeat(store_starts - seq_starts, stored)
     source += np.arange(total)
-    input_ids = _take(store.tokens, extra and extra.tokens, source, replaced_tokens)
+    np.minimum(source, last_token, out=source)  # padding positions may run past the store's end
+    input_ids = store.tokens[source]
     source += 1
+    np.minimum(source, last_token, out=source)
     # Label-aligned mask: position t trains on token t+1 of the same sequence, if that token is real.
-    loss_mask = _take(store.loss_mask, extra and extra.loss_mask, source, replaced_tokens)
+    loss_mask = store.loss_mask[source]
+    if replaced.any():  # truncated samples (few): their real tokens come from the overlay
+        at = _positions(seq_starts[replaced], real[replaced])
+        taken = _positions(store_starts[replaced], real[replaced])
+        input_ids[at] = overlay.store.tokens[taken]
+        mask_from = np.minimum(taken + 1, len(overlay.store.loss_mask) - 1)
+        loss_mask[at] = overlay.store.loss_mask[mask_from]  # the last is cleared below: no label there
     padded = real < stored
     if padded.any():
         input_ids[

@@ -93,30 +93,25 @@ def keep_ranges(
     front, back = [0] * len(starts), [0] * len(starts)
     over = n - limit
 
+    members: dict[int, list[int]] = {}  # unit -> its segments, in order
+    for segment, unit in enumerate(units):
+        members.setdefault(unit, []).append(segment)
+    rounds = sorted(unit for unit in members if unit >= 0)
+
     dropped = False
-    rounds = sorted({unit for unit in units if unit >= 0})
-    gone = set()
     for unit in rounds[:-1]:
         if over <= 0:
             break
-        gone.add(unit)
         dropped = True
-        for segment, owner in enumerate(units):
-            if owner == unit:
-                over -= size[segment]
-                back[segment] = size[segment]
+        for segment in members.pop(unit):
+            over -= size[segment]
+            back[segment] = size[segment]
 
     trimmed = answer_cut = False
     for unit in [-1, *rounds]:
         if over <= 0:
             break
-        if unit in gone:
-            continue
-        group = [
-            s
-            for s, (kind, owner) in enumerate(zip(kinds, units, strict=True))
-            if kind & PROMPT and owner == unit
-        ]
+        group = [segment for segment in members.get(unit, ()) if kinds[segment] & PROMPT]
         if not group:
             continue
         share, extra = divmod(over, len(group))
