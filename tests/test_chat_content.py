@@ -169,7 +169,7 @@ class TestContentParts:
         part = {"type": "text", "text": "hi", "image_url": None}
         message = {"role": "user", "content": [part], "name": None, "tool_call_id": None}
         [normalized] = normalize_messages([message])
-        assert normalized == {"role": "user", "content": "hi", "name": None, "tool_call_id": None}
+        assert normalized == {"role": "user", "content": "hi"}  # null keys are absent
 
     @pytest.mark.parametrize("kind", ["image", "image_url", "input_audio", "audio", "video", "refusal", None])
     def test_non_text_part_is_refused(self, kind):
@@ -394,3 +394,29 @@ class TestTokenizerTemplates:
             {"role": "tool", "content": "18", "tool_calls": None},
         ]
         assert render(normalize_messages(messages), TOOL_CALLS_KEY_TEMPLATE) == "q\nCALL get_weather\n18\n"
+
+
+def test_null_fields_of_parquet_message_structs_are_absent(tmp_path):
+    """A Parquet column of message structs gives every message every field, null where a row had none:
+    a template testing `is defined` must see them absent, as in the same rows written as JSONL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "hi", "name": "ann"},
+                {"role": "assistant", "content": "yo"},
+            ]
+        },
+        {"messages": [{"role": "user", "content": "hey"}, {"role": "assistant", "content": "hello"}]},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chat.parquet")
+    from_parquet = pq.read_table(tmp_path / "chat.parquet").to_pylist()[1]["messages"]
+    assert from_parquet[0]["name"] is None  # what Arrow hands over
+    template = (
+        "{% for m in messages %}{{ m.role }}{% if m.name is defined %}({{ m.name }}){% endif %}:{% endfor %}"
+    )
+    render = lambda messages: render_jinja_template([messages], chat_template=template)[0][0]  # noqa: E731
+    assert render(normalize_messages(from_parquet)) == render(rows[1]["messages"]) == "user:assistant:"

@@ -491,3 +491,14 @@ def test_ctrl_c_says_the_run_was_interrupted_and_stops_at_once(tmp_path, prompt_
     assert process.returncode == 130
     assert stderr.strip().splitlines()[-1].startswith("interrupted: nothing was published")
     assert not (tmp_path / "out").exists()
+
+
+def test_summary_gives_the_tight_lower_bound_when_samples_exceed_half_a_pack(tmp_path):
+    rows = [{"input": "word " * 30, "output": f"answer {i}"} for i in range(5)]  # ~36 tokens, pack of 64
+    source = write_jsonl(tmp_path / "half.jsonl", rows)
+    result = run_cli(
+        "pack", source, "-o", tmp_path / "out", "--pack-size", "64", "--workers", "1", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    # no two samples share a pack: the volume bound (3) is not reachable, L2 (5) is, and is reached
+    assert summary_value(result.stdout, "packs (lower bound)") == "5 (volume 3, L2 5; gap 0)"

@@ -97,6 +97,7 @@ def normalize_messages(messages: list) -> list[dict[str, Any]]:
             and type(m.get("content")) is str
             and m.get("role") in _PLAIN_ROLES
             and "tool_calls" not in m
+            and None not in m.values()
             for m in messages
         ):
             return messages  # the common case, checked in one pass
@@ -111,7 +112,8 @@ def normalize_messages(messages: list) -> list[dict[str, Any]]:
             raise ContentError(
                 f"message {number} has unknown role {role!r}; expected one of {sorted(CHAT_ROLES)}"
             )
-        out = dict(message)
+        # A null key is an absent key: Parquet and datasets give every message every struct field.
+        out = {key: value for key, value in message.items() if value is not None or key == "content"}
         calls = message.get("tool_calls")
         if calls is not None and calls != []:
             if role != "assistant":
