@@ -222,7 +222,15 @@ def pack(
     # Progress bars on a terminal only: in logs and pipes, stderr carries errors and nothing else.
     try:
         with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as display:
-            result = _pack(inputs, output, config, tokenizer, overwrite, display, split)
+            result = pipeline.pack_dataset(
+                inputs or None,
+                output,
+                config,
+                tokenizer=tokenizer,
+                overwrite=overwrite,
+                progress=_RichProgress(display),
+                split=split,
+            )
     except KeyboardInterrupt:  # click would turn it into a silent exit 130
         raise _Interrupted(output) from None
     _print_summary(result)
@@ -233,18 +241,6 @@ def pack(
 
 class _Interrupted(Exception):
     """Ctrl-C during ``pack``: carries the output folder for the message."""
-
-
-def _pack(inputs, output, config, tokenizer, overwrite, display, split):
-    return pipeline.pack_dataset(
-        inputs or None,
-        output,
-        config,
-        tokenizer=tokenizer,
-        overwrite=overwrite,
-        progress=_RichProgress(display),
-        split=split,
-    )
 
 
 _TRUNCATION_LABELS = {

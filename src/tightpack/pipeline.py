@@ -329,13 +329,14 @@ def _tokenize(
             key = None
     if key is not None and (hit := cache.lookup(key)) is not None:
         folder, info = hit
-        if not info.get("texts_cut") or budget <= info["text_budget"]:
+        if not info["texts_cut"] or budget <= info["text_budget"]:
             shutil.rmtree(store_dir, ignore_errors=True)
             progress.advance(info["rows_read"])
             bad_rows = [BadRow(**row) for row in info["bad_rows"]]
-            report = TokenizeReport(TokenStore.open(folder), info["rows_read"], bad_rows, reused=True)
-            report.texts_cut = info.get("texts_cut", 0)
-            return report
+            store = TokenStore.open(folder)
+            return TokenizeReport(
+                store, info["rows_read"], bad_rows, reused=True, texts_cut=info["texts_cut"]
+            )
         shutil.rmtree(folder, ignore_errors=True)  # its cut texts are too short for this larger cap
     try:
         report = tokenize_to_store(
