@@ -34,7 +34,7 @@ test: $(VENV)/.installed-dev
 # Every property test (hypothesis marks them) with the deeper `fuzz` profile of tests/conftest.py: 30x the
 # examples of `make test`. The statistics report how many examples each test ran.
 fuzz: $(VENV)/.installed-dev
-	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m "hypothesis and not slow" --hypothesis-show-statistics tests
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m hypothesis --hypothesis-show-statistics tests
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks

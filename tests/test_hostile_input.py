@@ -136,7 +136,7 @@ def build(tmp_path: Path, files: dict) -> None:
 # of the cost of a separate ``python -m tightpack.cli`` per case.
 FORK_DRIVER = r"""
 import contextlib, io, json, os, sys, traceback
-import pyarrow.parquet, tokenizers, tightpack.cli, tightpack.inspect, tightpack.pipeline
+import pyarrow.parquet, tokenizers, tightpack.cli, tightpack.packed_summary, tightpack.pipeline
 with contextlib.redirect_stdout(io.StringIO()):  # typer imports its parameter machinery on first use
     tightpack.cli.main(["pack", "--help"])
 jobs = json.load(sys.stdin)
@@ -219,10 +219,6 @@ def run_table(request, tmp_path_factory, test_name, cases, command, prepare=None
     jobs = [([command, *map(str, case.values[1])], folders[case.id]) for case in cases if case.id in folders]
     results = run_forked(jobs, tmp_path_factory.mktemp(f"{command}-logs"))
     return {case_id: (folders[case_id], result) for case_id, result in zip(folders, results, strict=True)}
-
-
-def xfail(reason: str):
-    return pytest.mark.xfail(strict=True, reason=reason)
 
 
 def case(name, files, args, pattern, *marks):

@@ -345,7 +345,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Summarize a packed dataset (ours or Megatron-Bridge's)."""
-    from tightpack.inspect import summarize_packed
+    from tightpack.packed_summary import summarize_packed
 
     summary = summarize_packed(path, pack_size=pack_size)
     if as_json:

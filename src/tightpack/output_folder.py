@@ -49,11 +49,22 @@ try:
 except ImportError:  # Windows: no flock; runs are not serialized there
     fcntl = None
 
-__all__ = ["check_publishable", "os_error_message", "output_lock", "publish", "sweep_work"]
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_NAME",
+    "METADATA_NAME",
+    "check_publishable",
+    "os_error_message",
+    "output_lock",
+    "publish",
+    "sweep_work",
+]
 
-_MANIFEST = "manifest.json"  # the names `tightpack.pipeline` writes (MANIFEST_NAME, METADATA_NAME)
-_METADATA = "metadata.json"
-_MANIFEST_FORMAT = "tightpack.packed/"
+# The two files of an output folder besides its shards: tightpack's manifest and the reference's metadata.
+MANIFEST_NAME = "manifest.json"
+METADATA_NAME = "metadata.json"
+MANIFEST_FAMILY = "tightpack.packed/"  # any version of it marks a folder tightpack may replace
+MANIFEST_FORMAT = MANIFEST_FAMILY + "1"
 _SHOWN_NAMES = 5  # foreign files named in a refusal
 
 # Lock descriptors held by this process. A forked child (tokenization workers) closes its copies at
@@ -323,14 +334,14 @@ def _owned_files(folder: Path, output: str | os.PathLike) -> list[str]:
     if not entries:
         return []
     refusal = f"refusing to overwrite {str(output)!r}: it is not a tightpack output folder"
-    if _MANIFEST not in entries:
-        raise TightpackError(f"{refusal} (no {_MANIFEST})")
+    if MANIFEST_NAME not in entries:
+        raise TightpackError(f"{refusal} (no {MANIFEST_NAME})")
     try:
         listed = _listed_files(folder)
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise TightpackError(f"{refusal} (unreadable {_MANIFEST}: {error})") from error
+        raise TightpackError(f"{refusal} (unreadable {MANIFEST_NAME}: {error})") from error
     if listed is None:
-        raise TightpackError(f"{refusal} ({_MANIFEST} is not a tightpack manifest)")
+        raise TightpackError(f"{refusal} ({MANIFEST_NAME} is not a tightpack manifest)")
     owned = {name for name in listed if name in entries and _is_file(entries[name])}
     foreign = sorted(set(entries) - owned)
     if foreign:
@@ -346,7 +357,7 @@ def _owned_files(folder: Path, output: str | os.PathLike) -> list[str]:
 
 def _manifest_last(names: set[str]) -> list[str]:
     """Removal order: a folder keeps describing itself until its last file goes."""
-    return [*sorted(names - {_MANIFEST}), *sorted(names & {_MANIFEST})]
+    return [*sorted(names - {MANIFEST_NAME}), *sorted(names & {MANIFEST_NAME})]
 
 
 def _listed_files(folder: Path) -> set[str] | None:
@@ -354,11 +365,11 @@ def _listed_files(folder: Path) -> set[str] | None:
 
     Raises what reading and parsing raise for a missing or malformed manifest.
     """
-    manifest = json.loads((folder / _MANIFEST).read_text(encoding="utf-8"))
-    names = [*(item["name"] for item in manifest["files"]), manifest.get("metadata_file", _METADATA)]
-    if not str(manifest["format"]).startswith(_MANIFEST_FORMAT) or not all(map(_plain_name, names)):
+    manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    names = [*(item["name"] for item in manifest["files"]), manifest.get("metadata_file", METADATA_NAME)]
+    if not str(manifest["format"]).startswith(MANIFEST_FAMILY) or not all(map(_plain_name, names)):
         return None
-    return {*names, _MANIFEST}
+    return {*names, MANIFEST_NAME}
 
 
 def _is_file(entry: os.DirEntry) -> bool:

@@ -49,7 +49,16 @@ from tightpack.core.store_cache import StoreCache, claim
 from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore, TokenStoreWriter
 from tightpack.core.truncation import REASONS, plan_truncation
 from tightpack.errors import TightpackError, check_choice
-from tightpack.output_folder import check_publishable, os_error_message, output_lock, publish, sweep_work
+from tightpack.output_folder import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    check_publishable,
+    os_error_message,
+    output_lock,
+    publish,
+    sweep_work,
+)
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.sources import open_sources
 from tightpack.prepare.tokenize import BadRow, TokenizeReport, max_token_bytes, tokenize_to_store
@@ -57,8 +66,6 @@ from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 
 __all__ = ["MANIFEST_NAME", "METADATA_NAME", "PackConfig", "PackResult", "Progress", "pack_dataset"]
 
-MANIFEST_NAME = "manifest.json"
-METADATA_NAME = "metadata.json"
 _CHUNK_ROWS = 512  # rows per tokenization chunk; fixed, so the output does not depend on --workers
 _SUM_CHUNK_TOKENS = 1 << 24
 
@@ -568,7 +575,7 @@ def _manifest(config, spec, sources, counts, stats, files, excluded, bad_rows) -
         json.dumps([settings, spec.fingerprint, source_fingerprint], sort_keys=True, default=str).encode()
     ).hexdigest()
     return {
-        "format": "tightpack.packed/1",
+        "format": MANIFEST_FORMAT,
         "tightpack_version": __version__,
         "fingerprint": run_fingerprint,
         "settings": settings,

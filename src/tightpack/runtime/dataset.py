@@ -54,7 +54,11 @@ class PackedDataset(torch.utils.data.Dataset):
         seed: seed of that mapping.
         cache_dir: where Parquet indexes are kept (default `default_cache_dir` / "index").
 
-    >>> # rows = PackedDataset("packed")[0]; PackedDataset("packed")[-1] is a zero-loss padding row
+    Example::
+
+        dataset = PackedDataset("packed/")
+        row = dataset[0]  # input_ids, loss_mask, seq_start_id (numpy arrays) of the first pack
+        padding = dataset[-1]  # the last pack with an all-zero loss_mask and padding_row=True
     """
 
     def __init__(

@@ -1,0 +1,112 @@
+"""The file-level checks of ``tightpack verify``: metadata, manifest and coverage against the rows' totals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tightpack.core.checksums import file_digest
+from tightpack.output_folder import METADATA_NAME
+from tightpack.verify.report import VerifyReport
+from tightpack.verify.rows import Totals
+
+__all__ = ["check_coverage", "check_manifest", "check_metadata"]
+
+
+def check_metadata(
+    entries: list[dict], settings: dict[str, Any], totals: Totals, report: VerifyReport
+) -> None:
+    if not entries or totals.rows == 0:
+        return
+    actual = {
+        "max_samples_per_bin": totals.max_sequences,
+        "dataset_max_seqlen": totals.max_length,
+        "min_packed_seqlen": totals.min_load,
+        "packing_factor": round(totals.sequences / totals.rows, 2),
+    }
+    pack_size = settings.get("pack_size")
+    if pack_size:
+        actual["pack_size"] = pack_size
+        actual["packing_efficiency"] = round(totals.runtime / (totals.rows * pack_size) * 100, 2)
+    if len(entries) == 1:
+        for key, value in actual.items():
+            if key in entries[0] and entries[0][key] != value:
+                report.add("metadata", f"{METADATA_NAME} says {key}={entries[0][key]}, the rows give {value}")
+        return
+    # Several splits in one file: check what the runtime takes from it (maxima and minimum).
+    for key, bound, worse in (
+        ("max_samples_per_bin", max, lambda said, real: said < real),
+        ("dataset_max_seqlen", max, lambda said, real: said < real),
+        ("min_packed_seqlen", min, lambda said, real: said > real),
+    ):
+        said = bound(entry.get(key, 0) for entry in entries)
+        if worse(said, actual[key]):
+            report.add(
+                "metadata",
+                f"{METADATA_NAME} gives {key}={said} over its entries, the rows give {actual[key]}",
+            )
+
+
+def check_manifest(
+    folder: Path, manifest: dict, files: list[str], totals: Totals, report: VerifyReport
+) -> None:
+    listed = {entry["name"]: entry for entry in manifest.get("files", [])}
+    present = {Path(file).name for file in files}
+    for name in sorted(present - set(listed)):
+        report.add("manifest", "the file is not in the manifest (left over from another run?)", file=name)
+    for name, entry in listed.items():
+        path = folder / name
+        if not path.is_file():
+            report.add("manifest", "the manifest lists this file but it is missing", file=name)
+            continue
+        digest = file_digest(path)
+        for key in ("sha256", "bytes"):
+            if key in entry and entry[key] != digest[key]:
+                report.add(
+                    "manifest", f"{key} differs from the manifest: the file changed after packing", file=name
+                )
+    stats, counts = manifest.get("stats", {}), manifest.get("counts", {})
+    for said, actual, what in (
+        (stats.get("packs"), totals.rows, "packs"),
+        (counts.get("packed"), totals.sequences, "packed sequences"),
+        (stats.get("tokens"), totals.runtime, "runtime tokens"),
+        (counts.get("supervised_packed"), totals.supervised, "supervised tokens"),
+    ):
+        if said is not None and said != actual:
+            report.add("manifest", f"the manifest counts {said} {what}, the rows hold {actual}")
+
+
+def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) -> None:
+    if not totals.sample_index:
+        return
+    indices = np.concatenate(totals.sample_index)
+    rows = np.concatenate(totals.sample_rows)
+    order = np.argsort(indices, kind="stable")
+    repeated = np.flatnonzero(np.diff(indices[order]) == 0) + 1
+    for at in repeated:
+        first, again = rows[order[at - 1]], rows[order[at]]
+        report.add(
+            "coverage",
+            f"source sample {indices[order[at]]} is packed twice (rows {first} and {again})",
+            row=int(again),
+        )
+    if manifest is None:
+        return
+    counts, excluded = manifest.get("counts", {}), manifest.get("excluded", {})
+    if "samples_in" not in counts:
+        return
+    accounted = np.zeros(counts["samples_in"], dtype=bool)
+    for reason in ("dropped_long", "no_supervised"):
+        accounted[np.asarray(excluded.get(reason, []), dtype=np.int64)] = True
+    accounted[np.asarray([bad["sample_index"] for bad in manifest.get("bad_rows", [])], dtype=np.int64)] = (
+        True
+    )
+    inside = indices[(indices >= 0) & (indices < len(accounted))]
+    outside = indices[(indices < 0) | (indices >= len(accounted))]
+    for index in outside[:5]:
+        report.add("coverage", f"sample_index {index} is not a source row (the source has {len(accounted)})")
+    accounted[inside] = True
+    for index in np.flatnonzero(~accounted):
+        report.add("coverage", f"source row {index} is neither packed nor accounted for in the manifest")
