@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tightpack import __version__, pipeline
+from tightpack import __version__, pack_config, pipeline
 from tightpack.core.planner import ALGORITHMS
 from tightpack.errors import TightpackError
 from tightpack.output_folder import os_error_message
@@ -47,11 +47,11 @@ def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
 Format = _choices("Format", get_args(formats.Format))
 LossOn = _choices("LossOn", get_args(formats.LossOn))
 Algorithm = _choices("Algorithm", tuple(ALGORITHMS))
-LongSamples = _choices("LongSamples", get_args(pipeline.LongSamples))
+LongSamples = _choices("LongSamples", get_args(pack_config.LongSamples))
 TruncationMethod = _choices("TruncationMethod", get_args(formats.TruncationMethod))
 ChatTruncation = _choices("ChatTruncation", get_args(formats.ChatTruncation))
 _OLDEST_TURNS = ChatTruncation("oldest-turns")
-OutputFormat = _choices("OutputFormat", get_args(pipeline.OutputFormat))
+OutputFormat = _choices("OutputFormat", get_args(pack_config.OutputFormat))
 
 
 def _default_workers() -> int:

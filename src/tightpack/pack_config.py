@@ -1,0 +1,119 @@
+"""`PackConfig`: the settings of an offline packing run, checked before any work."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
+
+from tightpack.core.alignment import alignment_multiple, length_cap
+from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE
+from tightpack.errors import TightpackError, check_choice
+from tightpack.prepare.formats import FormatConfig
+
+__all__ = ["LongSamples", "OutputFormat", "PackConfig"]
+
+LongSamples = Literal["truncate", "drop", "error"]
+OutputFormat = Literal["parquet", "npy"]
+
+
+@dataclass(kw_only=True)
+class PackConfig:
+    """Settings of an offline packing run (Megatron-Bridge names where the concept is the same).
+
+    Attributes:
+        packed_sequence_size: pack capacity P in runtime tokens (``--pack-size``).
+        max_seq_length: per-sample cap L in runtime tokens; None means P. Must be <= P.
+        pad_seq_to_mult: per-sequence alignment multiple m; None derives it from tp/cp/sp.
+        tp, cp, sp: tensor/context parallel sizes and sequence parallelism, for the derived m.
+        algorithm: planner algorithm (`tightpack.core.planner.ALGORITHMS`).
+        seed: seed of the planner's shuffle (``first_fit_shuffle``).
+        long_samples: samples with runtime length above the cap: ``truncate`` cuts them to
+            ``cap + 1`` stored tokens as `tightpack.core.truncation` says (by default the prompt is
+            trimmed and the answer kept; ``format`` chooses the fields, side and chat policy),
+            ``drop`` leaves them out, ``error`` stops the run.
+        pad_to_max_length, pad_cu_seqlens: recorded for the runtime collate (fixed width; static
+            boundary shapes for CUDA graphs, which needs the fixed width).
+        workers: tokenization processes.
+        reuse_store: keep the finished token store in the cache (``$TIGHTPACK_CACHE/stores``) and
+            reuse it when the inputs, tokenizer and sample format are the same again.
+        skip_bad_lines: count and report bad rows instead of stopping at the first one.
+        row_group_size: packs per Parquet row group; None picks about 256k tokens per group.
+        output_format: ``parquet`` (shards ``packs-NNNNN.idx.parquet``) or legacy ``npy`` (``packs.npy``).
+        format: how rows become text (`tightpack.prepare.formats.FormatConfig`).
+    """
+
+    packed_sequence_size: int
+    max_seq_length: int | None = None
+    pad_seq_to_mult: int | None = None
+    tp: int = 1
+    cp: int = 1
+    sp: bool = False
+    algorithm: str = "bfd"
+    seed: int = 0
+    long_samples: LongSamples = "truncate"
+    pad_to_max_length: bool = False
+    pad_cu_seqlens: bool = False
+    workers: int = 1
+    reuse_store: bool = True
+    skip_bad_lines: bool = False
+    row_group_size: int | None = None
+    output_format: OutputFormat = "parquet"
+    format: FormatConfig = field(default_factory=FormatConfig)
+
+    @property
+    def multiple(self) -> int:
+        if self.pad_seq_to_mult is not None:
+            return self.pad_seq_to_mult
+        return alignment_multiple(tp=self.tp, cp=self.cp, sp=self.sp)
+
+    @property
+    def cap(self) -> int:
+        return length_cap(self.max_seq_length or self.packed_sequence_size, self.multiple)
+
+    def validate(self) -> None:
+        """Check every setting before any work; raises `TightpackError` naming the setting and the fix."""
+        size = self.packed_sequence_size
+        if not isinstance(size, int) or size < 2:
+            raise TightpackError(f"--pack-size must be an integer of at least 2, got {size!r}")
+        if size > MAX_PACK_SIZE:
+            raise TightpackError(
+                f"--pack-size {size} exceeds {MAX_PACK_SIZE} (2**31 - 1): pack boundaries (cu_seqlens) are "
+                "int32; use a smaller pack size"
+            )
+        if self.max_seq_length is not None and not 1 <= self.max_seq_length <= size:
+            raise TightpackError(
+                f"--max-seq-length ({self.max_seq_length}) must be between 1 and --pack-size ({size})"
+            )
+        if self.pad_seq_to_mult is not None and self.pad_seq_to_mult < 1:
+            raise TightpackError(f"--pad-seq-to-mult must be a positive integer, got {self.pad_seq_to_mult}")
+        if self.pad_seq_to_mult is not None and (self.tp, self.cp, self.sp) != (1, 1, False):
+            raise TightpackError("give either --pad-seq-to-mult or --tp/--cp/--sp, not both")
+        check_choice("--algorithm", self.algorithm, tuple(ALGORITHMS))
+        check_choice("--long-samples", self.long_samples, get_args(LongSamples))
+        if self.pad_to_max_length and size % self.multiple:
+            raise TightpackError(
+                f"--pad-to-max-length pads every pack to --pack-size {size}, which is not a multiple of the "
+                f"alignment multiple {self.multiple}: the trailing padding segment would break "
+                f"context-parallel slicing (tightpack verify rejects it); use --pack-size "
+                f"{size // self.multiple * self.multiple} or {-(-size // self.multiple) * self.multiple}"
+            )
+        if self.pad_cu_seqlens and not self.pad_to_max_length:
+            raise TightpackError(
+                "--pad-cu-seqlens needs --pad-to-max-length (static shapes need a fixed width)"
+            )
+        if self.workers < 1:
+            raise TightpackError(f"--workers must be at least 1, got {self.workers}")
+        if self.row_group_size is not None and self.row_group_size < 1:
+            raise TightpackError(f"row_group_size must be at least 1, got {self.row_group_size}")
+        check_choice("--output-format", self.output_format, get_args(OutputFormat))
+        self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that changes the output (not ``workers``, ``reuse_store``: the output is the same)."""
+        values = asdict(self)
+        values.pop("workers")
+        values.pop("reuse_store")
+        values.update(
+            pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size
+        )
+        return values
