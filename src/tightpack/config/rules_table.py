@@ -1,0 +1,91 @@
+"""docs/validation-rules.md, rendered from the rule registry; regenerate it after changing a rule::
+
+    python -m tightpack.config.rules_table docs/validation-rules.md
+
+Without a path the command prints the Markdown. tests/config/test_config_registry.py fails while the committed
+file and the registry differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tightpack.config.derive import DERIVATIONS
+from tightpack.config.rules.base import Rule
+from tightpack.config.rules.registry import REGISTRY
+
+COMMAND = "python -m tightpack.config.rules_table docs/validation-rules.md"
+
+_HEADER = f"""\
+<!-- Generated from the rule registry (src/tightpack/config/rules/) by `{COMMAND}`.
+     Do not edit: change the rules and run the command again. -->
+
+# Configuration validation rules
+
+`tightpack validate CONFIG.yaml` (in Python `tightpack.config.validate`) checks a Megatron-Bridge style
+training configuration against every rule below and reports every violation, in this order, each with its
+rule id, the reason and the fix.
+
+- **Id**: `R1`-`R22` are the checks of the reference's `ConfigContainer.validate()`, numbered as in section 5
+  of the Megatron-Bridge packing contract: R8.x is the dataset configuration's own `validate()`, which it runs
+  first, R10.x are the native Energon checks in the reference's order, and R12 and R14 derive values (below).
+  `X` rules are the ones the reference enforces elsewhere (its samplers, Megatron-Core, `gpt_step`, the
+  dataset configurations); `T` rules are tightpack's additions, for failures the reference lets through.
+- **Severity**: E an error (`tightpack validate` exits 1), W a warning, E/W either, by case.
+- **Contract**: the sections of the packing contract that state the rule.
+- **Module**: where the rule lives, in `src/tightpack/config/rules/`.
+- k is the CP/SP alignment multiple: the lcm, over the training and the evaluation CP, of `2*CP` (when CP > 1)
+  and `CP*TP` (with sequence parallelism and TP > 1).
+"""
+
+
+def rules_table(rules: Iterable[Rule]) -> str:
+    """The Markdown table of ``rules``, one row each: id, severity, contract sections, summary, module.
+
+    >>> print(rules_table(REGISTRY[:2]))
+    | Id | Severity | Contract | Rule | Module |
+    | --- | --- | --- | --- | --- |
+    | R1 | E | §5, §3.7 | `train.num_epochs` only with a GPTSFTDatasetConfig dataset | `batching` |
+    | R2 | E | §5, §3.7 | `train.num_epochs` only with `dataloader_type="batch"` | `batching` |
+    """
+    rows = ["| Id | Severity | Contract | Rule | Module |", "| --- | --- | --- | --- | --- |"]
+    for rule in rules:
+        severity = "/".join(severity[0].upper() for severity in rule.severities)
+        rows.append(f"| {rule.id} | {severity} | {rule.section} | {rule.summary} | `{rule.module}` |")
+    return "\n".join(rows)
+
+
+def render() -> str:
+    """The whole of docs/validation-rules.md: introduction, rules in `validate`'s order, derived values."""
+    derived = ["| Id | Derived value |", "| --- | --- |"]
+    derived += [f"| {rule_id} | {summary} |" for rule_id, summary in DERIVATIONS]
+    sections = [
+        _HEADER,
+        "## Rules\n",
+        rules_table(REGISTRY) + "\n",
+        "## Derived values\n",
+        "R11, R12 and R14 also set values, which the reference writes into the configuration. The report "
+        'lists them under "derived values"; `ValidationReport.derived.overrides()` returns them.\n',
+        "\n".join(derived) + "\n",
+    ]
+    return "\n".join(sections)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tightpack.config.rules_table [PATH]``: write the file to PATH, or print it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tightpack.config.rules_table", description="Render docs/validation-rules.md."
+    )
+    parser.add_argument("path", nargs="?", type=Path, help="the file to write (default: print the Markdown)")
+    path = parser.parse_args(argv).path
+    if path is None:
+        print(render(), end="")
+    else:
+        path.write_text(render(), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
