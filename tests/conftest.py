@@ -23,6 +23,11 @@ from hypothesis import HealthCheck, settings
 
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 
+# Debug mode of the THD contract (`tightpack.runtime.thd`) for the whole suite and the processes it starts:
+# every batch a builder emits or a consumer receives is validated. A test that hands a consumer a broken
+# batch on purpose, to reach the consumer's own error, turns it off with ``thd.checking(False)``.
+os.environ["TIGHTPACK_CHECK_BATCHES"] = "1"
+
 # --- hypothesis profiles -----------------------------------------------------------------------------
 
 FUZZ_MULTIPLIER = 30

@@ -49,6 +49,15 @@ def test_document_ids_follow_the_physical_segments(batch):
     assert document_ids(batch).tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
 
 
+def test_attention_across_sequences_differs_from_per_sequence(batch):
+    """The negative control of the mask tests below: one causal mask over the whole row is far off."""
+    q, k, v = qkv(16)
+    expected = per_sequence_attention(q, k, v, batch["cu_seqlens_q_padded"][0].tolist())
+    crossing = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(crossing[:, :, :4], expected[:, :, :4], atol=1e-6, rtol=0)  # sees no other
+    assert (crossing[:, :, 4:] - expected[:, :, 4:]).abs().max() > 1e-3
+
+
 def test_sdpa_and_additive_masks_equal_attention_per_sequence(batch):
     q, k, v = qkv(16)
     expected = per_sequence_attention(q, k, v, batch["cu_seqlens_q_padded"][0].tolist())

@@ -32,6 +32,7 @@ import torch
 from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.ranges import in_ranges
 from tightpack.errors import TightpackError
+from tightpack.runtime import thd
 
 __all__ = ["PackedCollate", "PackingMetadata", "split_microbatches"]
 
@@ -130,6 +131,11 @@ class PackedCollate:
                 raise TightpackError(f"{name} must be a positive integer, got {getattr(self, name)}")
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        batch = self._collate(rows)
+        thd.check_thd_batch(batch)
+        return batch
+
+    def _collate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not rows:
             raise TightpackError("cannot collate an empty batch")
         split = [self._split(row) for row in rows]
@@ -296,4 +302,6 @@ def split_microbatches(batch: Mapping[str, Any], num_microbatches: int) -> list[
             pieces = [value] * num_microbatches
         for part, piece in zip(parts, pieces, strict=True):
             part[key] = piece
+    for part in parts:
+        thd.check_thd_batch(part)
     return parts

@@ -21,13 +21,12 @@ import torch
 import torch.distributed as dist
 
 from tightpack.errors import TightpackError
-from tightpack.runtime.adapters import physical_boundaries
+from tightpack.runtime import thd
 from tightpack.runtime.in_batch import VISUAL_KEYS, _ranks
 from tightpack.runtime.masks import document_ids
 
 __all__ = ["cp_attention", "slice_for_cp_rank", "thd_partition_indices"]
 
-_PACKED_KEYS = ("cu_seqlens_q", "cu_seqlens_q_padded", "cu_seqlens")
 _SEQUENCE_DIM = {"attention_mask": 2, "mrope_position_ids": 2}
 
 
@@ -111,16 +110,19 @@ def slice_for_cp_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> d
     _check_rank(cp_size, cp_rank)
     if cp_size == 1:
         return dict(batch)
-    tokens = batch["input_ids"] if "input_ids" in batch else batch["tokens"]
+    tokens = thd.token_tensor(batch)
+    if tokens is None:
+        raise TightpackError("the batch has no token tensor to slice: expected 'tokens' or 'input_ids'")
     width = tokens.shape[1]
-    packed = any(batch.get(key) is not None for key in _PACKED_KEYS)
+    packed = thd.is_packed(batch)
     if packed:
+        thd.check_thd_batch(batch)
         if tokens.shape[0] != 1:
             raise TightpackError(
                 f"packed THD batches hold one row for context-parallel slicing, got {tokens.shape[0]}: use "
                 "micro-batch size 1"
             )
-        index = thd_partition_indices(physical_boundaries(batch), cp_size, cp_rank, total_tokens=width)
+        index = thd_partition_indices(thd.physical_boundaries(batch), cp_size, cp_rank, total_tokens=width)
     else:
         if width % (2 * cp_size):
             raise TightpackError(
@@ -129,7 +131,7 @@ def slice_for_cp_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> d
             )
         whole = torch.tensor([0, width], dtype=torch.int32)
         index = thd_partition_indices(whole, cp_size, cp_rank).to(tokens.device)
-    skip = {key for key in batch if key.startswith(("cu_seqlens", "max_seqlen"))} | set(VISUAL_KEYS)
+    skip = {key for key in batch if key.startswith(thd.METADATA_PREFIXES)} | set(VISUAL_KEYS)
     if packed:
         skip.add("attention_mask")
     shard = dict(batch)

@@ -17,29 +17,30 @@ from typing import Any
 import torch
 
 from tightpack.errors import TightpackError
+from tightpack.runtime import thd
 
 __all__ = ["hf_packed_kwargs", "packed_forward"]
 
 
 def hf_packed_kwargs(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Model keyword arguments for one packed row of a THD batch.
+    """Model keyword arguments for one packed row of a THD batch (either layout or key schema).
 
-    Sequences are the physical segments (``cu_seqlens_q_padded`` when present): alignment padding
-    belongs to the sequence it follows and, being causal, never changes that sequence's outputs.
+    Sequences are the physical segments (`tightpack.runtime.thd.physical_boundaries`): alignment
+    padding belongs to the sequence it follows and, being causal, never changes that sequence's outputs.
 
     >>> import torch
     >>> batch = {"tokens": torch.tensor([[5, 6, 7, 8]]), "position_ids": torch.tensor([[0, 1, 0, 1]]),
-    ...          "cu_seqlens_q": torch.tensor([[0, 2, 4]])}
+    ...          "cu_seqlens_q": torch.tensor([[0, 2, 4]], dtype=torch.int32)}
     >>> kwargs = hf_packed_kwargs(batch)
     >>> kwargs["cu_seq_lens_q"].tolist(), kwargs["max_length_q"], kwargs["seq_idx"].tolist()
     ([0, 2, 4], 2, [[0, 0, 1, 1]])
     """
-    tokens = batch["tokens"]
-    if tokens.dim() != 2 or tokens.shape[0] != 1:
-        raise TightpackError(f"expects one packed row ([1, T] tokens), got shape {tuple(tokens.shape)}")
-    bounds = batch.get("cu_seqlens_q_padded")
-    bounds = batch["cu_seqlens_q"] if bounds is None else bounds
-    bounds = bounds.reshape(-1).to(torch.int32)
+    thd.check_thd_batch(batch)
+    tokens = thd.token_tensor(batch)
+    if tokens is None or tokens.dim() != 2 or tokens.shape[0] != 1:
+        shape = None if tokens is None else tuple(tokens.shape)
+        raise TightpackError(f"expects one packed row ([1, T] tokens), got shape {shape}")
+    bounds = thd.physical_boundaries(batch)
     lengths = bounds.diff()
     max_length = int(lengths.max())
     seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), lengths.long())[None]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tightpack.core.alignment import ceil_to_multiple
+from tightpack.runtime import thd
 
 __all__ = [
     "VISUAL_KEYS",
@@ -155,6 +156,7 @@ def build_thd_from_rows(
         packed.update(cu_seqlens_q_padded=cu_padded, cu_seqlens_kv_padded=cu_padded)
     longest = torch.tensor(max(padded), dtype=torch.int32)
     packed.update(max_seqlen_q=longest, max_seqlen_kv=longest, total_tokens=total)
+    thd.check_thd_batch(packed)
     return packed
 
 
@@ -259,13 +261,14 @@ def pack_right_padded_batch(
         sequence_tensor_pad_values=extras,
         emit_padding_mask=emit_padding_mask,
     )
-    for stale in ("padding_mask", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+    for stale in ("padding_mask", *thd.PADDED_KEYS):
         if stale not in packed:
             batch.pop(stale, None)
     batch.update(packed)
-    for alias in ("tokens", "input_ids"):
+    for alias in thd.TOKEN_KEYS:
         if alias != token_key and alias in batch:
             batch[alias] = packed[token_key]
+    thd.check_thd_batch(batch)
 
 
 def _token_key(batch: Mapping[str, Any]) -> str:

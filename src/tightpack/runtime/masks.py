@@ -1,7 +1,8 @@
 """Attention masks for one packed row, for backends without variable-length kernels.
 
-Every mask is block-diagonal causal over the row's physical segments (``cu_seqlens_q_padded`` when
-present, else ``cu_seqlens_q``): a token attends to the earlier tokens of its own segment only.
+Every mask is block-diagonal causal over the row's physical segments
+(`tightpack.runtime.thd.physical_boundaries`, either layout or key schema): a token attends to the
+earlier tokens of its own segment only.
 Alignment padding stays inside its segment, after the real tokens, so it never changes them.
 
 - `sdpa_mask`: boolean ``[1, 1, T, T]``, True where attention is allowed (``torch.nn.functional
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from tightpack.errors import TightpackError
-from tightpack.runtime.adapters import physical_boundaries
+from tightpack.runtime import thd
 
 __all__ = ["additive_mask", "document_ids", "flash_varlen_attention", "flex_block_mask", "sdpa_mask"]
 
@@ -30,17 +31,18 @@ __all__ = ["additive_mask", "document_ids", "flash_varlen_attention", "flex_bloc
 def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
     """Segment index of every token of the row, int64 ``[T]``.
 
-    >>> document_ids({"cu_seqlens_q": torch.tensor([[0, 2, 5]])}).tolist()
+    >>> document_ids({"cu_seqlens_q": torch.tensor([[0, 2, 5]], dtype=torch.int32)}).tolist()
     [0, 0, 1, 1, 1]
     """
-    bounds = physical_boundaries(batch).long()
+    thd.check_thd_batch(batch)
+    bounds = thd.physical_boundaries(batch).long()
     return torch.repeat_interleave(torch.arange(len(bounds) - 1, device=bounds.device), bounds.diff())
 
 
 def sdpa_mask(batch: Mapping[str, Any]) -> torch.Tensor:
     """Boolean block-diagonal causal mask ``[1, 1, T, T]``, True = may attend.
 
-    >>> sdpa_mask({"cu_seqlens_q": torch.tensor([[0, 2, 3]])})[0, 0].int().tolist()
+    >>> sdpa_mask({"cu_seqlens_q": torch.tensor([[0, 2, 3]], dtype=torch.int32)})[0, 0].int().tolist()
     [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     """
     documents = document_ids(batch)
@@ -81,6 +83,7 @@ def flash_varlen_attention(
         raise TightpackError(
             "flash_varlen_attention needs the flash-attn package (CUDA): pip install flash-attn"
         ) from error
-    bounds = physical_boundaries(batch).to(device=q.device)
+    thd.check_thd_batch(batch)
+    bounds = thd.physical_boundaries(batch).to(device=q.device)
     longest = int(bounds.diff().max())
     return flash_attn_varlen_func(q, k, v, bounds, bounds, longest, longest, causal=True, **kwargs)

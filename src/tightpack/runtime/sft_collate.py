@@ -26,6 +26,7 @@ from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenize import Encoder
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
+from tightpack.runtime import thd
 from tightpack.runtime.in_batch import build_thd_from_rows
 
 __all__ = ["TextSFTCollator", "check_in_batch_loader", "shift_labels"]
@@ -153,6 +154,7 @@ class TextSFTCollator:
             )
             batch["tokens"] = batch["input_ids"]
             batch["token_count"] = [len(row["input_ids"]) for row in rows]
+            thd.check_thd_batch(batch)
             return batch
         return self._padded(rows)
 

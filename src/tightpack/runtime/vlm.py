@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from tightpack.runtime import thd
 from tightpack.runtime.in_batch import VISUAL_KEYS, pack_samples
 
 __all__ = [
@@ -249,6 +250,7 @@ def pack_vlm_samples(
     lengths = torch.tensor([p.shape[1] for p in positions])
     longest = int(lengths.max())
     stacked = torch.stack([torch.nn.functional.pad(p, (0, longest - p.shape[1])) for p in positions], dim=1)
-    padded = batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"]).long()
-    batch["mrope_position_ids"] = repack_position_ids(stacked, padded[:-1], lengths, batch["total_tokens"])
+    starts = thd.physical_boundaries(batch).long()[:-1]
+    batch["mrope_position_ids"] = repack_position_ids(stacked, starts, lengths, batch["total_tokens"])
+    thd.check_thd_batch(batch)
     return batch
