@@ -7,18 +7,20 @@ Lengths are runtime lengths (stored tokens - 1), already aligned to the alignmen
 Algorithms (`ALGORITHMS`):
 
 - ``bfd`` (default): best-fit decreasing computed on the histogram of lengths. Identical items are
-  placed a whole bin class at a time, so beyond O(N) counting and sorting its cost depends on the
-  number of distinct lengths, not on the number of samples. It opens exactly as many packs as per-item
-  best-fit decreasing.
+  placed a whole bin class at a time, so beyond the O(N) histogram its cost depends on the number of
+  distinct lengths, not on the number of samples; then one pass of the C kernel over the samples
+  writes each at its place in the packs, without sorting them. It opens exactly as many packs as
+  per-item best-fit decreasing.
 - ``ffd``: first-fit decreasing with a stable sort (equal lengths keep input order), as Megatron-Bridge.
 - ``first_fit``: leftmost-bin first fit in input order, identical to the linear-scan definition.
 - ``first_fit_shuffle``: a seeded permutation, then first fit (Megatron-Bridge's default algorithm).
 
 Randomness only ever comes from ``np.random.default_rng(seed)``; the global RNG is never touched.
 
-Memory is O(number of samples + distinct lengths + packs) for every algorithm, never O(pack size): a
-counting sort is used only when the length range is small next to the number of samples, so a pack
-size of 10**9 on a few rows plans in kilobytes. Pack sizes are capped at `MAX_PACK_SIZE`.
+Memory is O(number of samples + distinct lengths + packs) for every algorithm, never O(pack size): an
+array over the range of lengths (a counting sort's offsets, bfd's histogram) is used only when that
+range is small next to the number of samples, so a pack size of 10**9 on a few rows plans in
+kilobytes. Pack sizes are capped at `MAX_PACK_SIZE`.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ __all__ = ["ALGORITHMS", "MAX_PACK_SIZE", "PackPlan", "plan_packs"]
 MAX_PACK_SIZE = 2**31 - 1
 """Largest pack size ``plan_packs`` accepts: pack boundaries (``cu_seqlens``) are int32 downstream."""
 
-# A counting sort needs an offsets array of (largest key + 2) int64 entries. It is used only while
-# that array stays within the size of the sample index arrays (plus this slack for small inputs);
-# beyond it numpy's stable sort keeps memory O(number of samples), whatever the pack size.
+# A counting sort needs an offsets array of (largest key + 2) int64 entries, bfd's histogram one of
+# (longest + 1). Either is used only while that array stays within the size of the sample index
+# arrays (plus this slack for small inputs); beyond it a comparison sort (numpy's) keeps memory
+# O(number of samples), whatever the pack size.
 _COUNTING_SORT_SLACK = 2**16
 
 
@@ -144,6 +147,11 @@ def plan_packs(
     return ALGORITHMS[algorithm](lengths, pack_size, seed, high)
 
 
+def _key_range_is_small(high: int, n: int) -> bool:
+    """Whether an array over keys ``[0, high]`` stays within O(``n``) memory (`_COUNTING_SORT_SLACK`)."""
+    return high < n + _COUNTING_SORT_SLACK
+
+
 def _stable_order(keys: np.ndarray, high: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Stable sort of int64 ``keys`` in ``[0, high]``: the sorted positions, and the offsets of each key.
 
@@ -152,7 +160,7 @@ def _stable_order(keys: np.ndarray, high: int) -> tuple[np.ndarray, np.ndarray |
     returned too. Otherwise numpy's stable argsort, and ``None`` for the offsets: memory then depends
     on the number of keys only, not on their range (a pack size of 10**9 must not cost gigabytes).
     """
-    if high >= len(keys) + _COUNTING_SORT_SLACK:
+    if not _key_range_is_small(high, len(keys)):
         return np.argsort(keys, kind="stable"), None
     order = np.empty(len(keys), dtype=np.int64)
     offsets = np.empty(high + 2, dtype=np.int64)
@@ -202,23 +210,46 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int, longest
     (length, class) pairs, never over samples. Bins of a class are tracked as groups that share a
     composition; a composition is a node ``(parent, length, count)`` of a tree rooted at the empty bin.
     """
-    sample_rank, distinct, counts = _group_by_length(lengths, longest)
-    parent, node_length, node_count = [-1], [0], [0]  # node 0: the empty bin
+    groups = _bfd_groups(lengths, pack_size, longest)
+    return _expand_groups(groups)
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """bfd's packs as groups of identical bins over a composition tree, before expansion to samples.
+
+    Node ``k`` (int64 arrays, one entry per node; node 0 is the empty bin) adds ``node_count[k]``
+    samples of key ``node_key[k]`` (the index of a distinct length, ascending) to the composition of
+    node ``parent[k] < k``; ``node_bins[k] > 0`` bins hold the composition of node ``k``. Sample ``i``
+    has key ``table[values[i]]``, one of ``n_keys``.
+    """
+
+    node_bins: np.ndarray
+    parent: np.ndarray
+    node_key: np.ndarray
+    node_count: np.ndarray
+    table: np.ndarray
+    values: np.ndarray
+    n_keys: int
+
+
+def _bfd_groups(lengths: np.ndarray, pack_size: int, longest: int) -> _Groups:
+    """The (length, class) loop of `_best_fit_decreasing`: its groups, not yet expanded to samples."""
+    distinct, counts, values, table = _group_by_length(lengths, longest)
+    parent, node_key, node_count = [-1], [0], [0]  # node 0: the empty bin
     classes: dict[int, list[list[int]]] = {}  # remaining capacity -> groups [node, bins]
     class_bins: dict[int, int] = {}  # remaining capacity -> number of bins
     open_classes: list[int] = []  # sorted remaining capacities with at least one bin
 
-    def new_node(base: int, length: int, count: int) -> int:
+    def add_bins(base: int, key: int, count: int, bins: int, remaining: int) -> None:
+        """Open ``bins`` bins holding the composition of node ``base`` plus ``count`` items of ``key``."""
         parent.append(base)
-        node_length.append(length)
+        node_key.append(key)
         node_count.append(count)
-        return len(parent) - 1
-
-    def add_bins(node: int, bins: int, remaining: int) -> None:
         if remaining not in classes:
             classes[remaining], class_bins[remaining] = [], 0
             bisect.insort(open_classes, remaining)
-        classes[remaining].append([node, bins])
+        classes[remaining].append([len(parent) - 1, bins])
         class_bins[remaining] += bins
 
     def take_bins(remaining: int, bins: int) -> list[list[int]]:
@@ -239,8 +270,10 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int, longest
             open_classes.pop(bisect.bisect_left(open_classes, remaining))
         return taken
 
-    zeros = int(counts[0]) if distinct[0] == 0 else 0
-    for length, left in zip(distinct[::-1].tolist(), counts[::-1].tolist(), strict=True):
+    distinct_lengths, distinct_counts = distinct.tolist(), counts.tolist()
+    zeros = distinct_counts[0] if distinct_lengths[0] == 0 else 0
+    for key in range(len(distinct_lengths) - 1, -1, -1):
+        length, left = distinct_lengths[key], distinct_counts[key]
         if length == 0:
             break
         while left:
@@ -249,20 +282,20 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int, longest
                 per_bin = pack_size // length
                 full, rest = divmod(left, per_bin)
                 if full:
-                    add_bins(new_node(0, length, per_bin), full, pack_size - per_bin * length)
+                    add_bins(0, key, per_bin, full, pack_size - per_bin * length)
                 if rest:
-                    add_bins(new_node(0, length, rest), 1, pack_size - rest * length)
+                    add_bins(0, key, rest, 1, pack_size - rest * length)
                 break
             remaining = open_classes[position]
             per_bin = remaining // length
             available = class_bins[remaining]
             full = min(available, left // per_bin)
             for node, count in take_bins(remaining, full) if full else ():
-                add_bins(new_node(node, length, per_bin), count, remaining - per_bin * length)
+                add_bins(node, key, per_bin, count, remaining - per_bin * length)
             left -= full * per_bin
             if left and full < available:  # the last few items share one more bin of this class
                 ((node, _),) = take_bins(remaining, 1)
-                add_bins(new_node(node, length, left), 1, remaining - left * length)
+                add_bins(node, key, left, 1, remaining - left * length)
                 left = 0
 
     if zeros:  # zero-length items fit best in the fullest bin
@@ -271,82 +304,78 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_size: int, seed: int, longest
             ((node, _),) = take_bins(remaining, 1)
         else:
             node, remaining = 0, pack_size
-        add_bins(new_node(node, 0, zeros), 1, remaining)
+        add_bins(node, 0, zeros, 1, remaining)
 
-    groups = sorted(group for class_groups in classes.values() for group in class_groups)
-    return _expand_compositions(groups, parent, node_length, node_count, sample_rank)
+    # Every group starts at a new node (add_bins makes one), so a node marks at most one group.
+    node_bins = np.zeros(len(parent), dtype=np.int64)
+    groups = np.array([group for class_groups in classes.values() for group in class_groups], dtype=np.int64)
+    node_bins[groups[:, 0]] = groups[:, 1]
+    return _Groups(
+        node_bins=node_bins,
+        parent=np.array(parent, dtype=np.int64),
+        node_key=np.array(node_key, dtype=np.int64),
+        node_count=np.array(node_count, dtype=np.int64),
+        table=table,
+        values=values,
+        n_keys=len(distinct_lengths),
+    )
 
 
-def _group_by_length(lengths: np.ndarray, longest: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sample indices stably sorted by length, the distinct lengths (ascending) and their counts.
+def _group_by_length(
+    lengths: np.ndarray, longest: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct lengths (ascending), their counts, and each sample's key as ``table[values]``.
 
-    Memory is O(samples + distinct lengths): the histogram is taken over the distinct lengths, never
-    over ``range(pack_size + 1)``. ``longest`` is ``lengths.max()``.
+    A sample's key is the index of its length in the distinct lengths. Memory is O(samples + distinct
+    lengths), never O(pack size): while the length range is small next to the number of samples, the
+    histogram over ``range(longest + 1)`` doubles as the table and ``values`` are the lengths
+    themselves; beyond it ``np.unique`` (a sort) gives every sample's key. ``longest`` is
+    ``lengths.max()``.
     """
-    rank, offsets = _stable_order(lengths, longest)
-    if offsets is not None:
-        histogram = np.diff(offsets)
+    if _key_range_is_small(longest, len(lengths)):
+        histogram = np.bincount(lengths).astype(np.int64, copy=False)
         distinct = np.flatnonzero(histogram)
-        return rank, distinct, histogram[distinct]
-    ordered = lengths[rank]
-    starts = np.flatnonzero(np.diff(ordered, prepend=-1))
-    return rank, ordered[starts], np.diff(starts, append=len(ordered))
+        counts = histogram[distinct]
+        histogram[distinct] = np.arange(len(distinct))  # absent lengths keep 0: no sample looks them up
+        return distinct, counts, lengths, histogram
+    distinct, keys, counts = np.unique(lengths, return_inverse=True, return_counts=True)
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    return distinct, counts, keys, np.arange(len(distinct), dtype=np.int64)
 
 
-def _expand_compositions(
-    groups: list[list[int]],
-    parent: list[int],
-    node_length: list[int],
-    node_count: list[int],
-    sample_rank: np.ndarray,
-) -> PackPlan:
-    """Turn (composition, number of bins) groups into a plan over concrete sample indices.
+def _expand_groups(groups: _Groups) -> PackPlan:
+    """Turn bfd's groups into a plan over concrete sample indices (the C kernel ``expand_groups``).
 
-    An "entry" is one (length, count) step of a group's composition. Each entry takes a contiguous
-    run of ``bins * count`` samples of its length from ``sample_rank``, ``count`` per bin.
+    Groups come in node order, each as ``node_bins`` consecutive packs; a pack lists its composition
+    from the root down, each node's ``node_count`` samples together. The samples of one length go, in
+    input order, to that length's nodes group by group, each taking ``node_bins * node_count`` of them
+    (``node_count`` per bin, bin by bin). The kernel lays out the packs, then writes every sample
+    straight to its position in one pass over the samples: O(samples + packs + nodes), no sort.
+
+    Lengths ``[4, 3, 4, 3, 3]`` in packs of 7: node 1 is (root, one 4), node 2 is (node 1, one 3) in two
+    bins, node 3 is (root, one 3) in one bin; keys index the distinct lengths ``[3, 4]``.
+
+    >>> groups = _Groups(
+    ...     node_bins=np.array([0, 0, 2, 1]), parent=np.array([-1, 0, 1, 0]),
+    ...     node_key=np.array([0, 1, 0, 0]), node_count=np.array([0, 1, 1, 1]),
+    ...     table=np.array([0, 0, 0, 0, 1]), values=np.array([4, 3, 4, 3, 3]), n_keys=2)
+    >>> plan = _expand_groups(groups)
+    >>> [pack.tolist() for pack in plan]
+    [[0, 1], [2, 3], [4]]
     """
-    entry_group, entry_length, entry_count = [], [], []
-    for group, (node, _) in enumerate(groups):
-        chain = []
-        while node:
-            chain.append(node)
-            node = parent[node]
-        for node in reversed(chain):
-            entry_group.append(group)
-            entry_length.append(node_length[node])
-            entry_count.append(node_count[node])
-    group_bins = np.array([bins for _, bins in groups], dtype=np.int64)
-    entry_group = np.array(entry_group, dtype=np.int64)
-    entry_length = np.array(entry_length, dtype=np.int64)
-    entry_count = np.array(entry_count, dtype=np.int64)
-    group_entries = np.bincount(entry_group, minlength=len(groups))
-    group_first_entry = np.cumsum(group_entries) - group_entries
-
-    # Entries sorted by length consume the samples sorted by length: exclusive sums are run starts.
-    entry_total = group_bins[entry_group] * entry_count
-    by_length = np.argsort(entry_length, kind="stable")
-    entry_start = np.empty_like(entry_total)
-    entry_start[by_length] = np.cumsum(entry_total[by_length]) - entry_total[by_length]
-
-    # One "piece" per (group, bin, entry), laid out group by group, bin by bin, entry by entry.
-    pieces_per_group = group_bins * group_entries
-    piece_group = np.repeat(np.arange(len(groups)), pieces_per_group)
-    local = np.arange(len(piece_group)) - np.repeat(
-        np.cumsum(pieces_per_group) - pieces_per_group, pieces_per_group
+    order = np.empty(len(groups.values), dtype=np.int64)
+    offsets = np.empty(int(groups.node_bins.sum()) + 1, dtype=np.int64)
+    _firstfit.expand_groups(
+        groups.node_bins,
+        groups.parent,
+        groups.node_key,
+        groups.node_count,
+        groups.table,
+        groups.values,
+        groups.n_keys,
+        order,
+        offsets,
     )
-    piece_bin, piece_slot = np.divmod(local, group_entries[piece_group])
-    piece_entry = group_first_entry[piece_group] + piece_slot
-    piece_count = entry_count[piece_entry]
-    piece_start = entry_start[piece_entry] + piece_bin * entry_count[piece_entry]
-    piece_offset = np.cumsum(piece_count) - piece_count
-    source = np.repeat(piece_start - piece_offset, piece_count) + np.arange(int(piece_count.sum()))
-    order = sample_rank[source]
-
-    pack_sizes = np.repeat(
-        np.bincount(entry_group, weights=entry_count, minlength=len(groups)).astype(np.int64), group_bins
-    )
-    offsets = np.zeros(len(pack_sizes) + 1, dtype=np.int64)
-    np.cumsum(pack_sizes, out=offsets[1:])
     return PackPlan(order=order, offsets=offsets)
 
 
