@@ -9,8 +9,9 @@ step. Fill = real tokens / (packs x pack size). Two bounds:
 - ``fresh bound``: the same for a buffer of fresh samples from the stream (10,000 draws), the figure
   that does not depend on the strategy.
 
-Also reports waits (steps; best_fill runs with its default max_wait = 4 x buffer) and the selection
-cost per pack (choosing the members, not building the tensors).
+Also reports waits (steps; best_fill runs with its default max_wait = 4 x buffer), the packs holding a
+sample forced in by its deadline, and the selection cost per pack (choosing the members, not building
+the tensors).
 
     .venv/bin/python benchmarks/bench_online.py [--samples 100000]
 """
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from demo_lengths import demo_runtime_lengths
-from tightpack.runtime.online import OnlinePacker
+from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
 
 
 class Measured(OnlinePacker):
@@ -40,7 +41,7 @@ class Measured(OnlinePacker):
             held = sum(c.length for c in self.buffer) + sum(c.length for g in self.pending for c in g)
             group = super()._next_group(stream_open)
             if group is not None:
-                self.bounds.append(min(held, self.pack_size) / self.pack_size)
+                self.bounds.append(min(held, self.config.pack_size) / self.config.pack_size)
         else:
             group = super()._next_group(stream_open)
         self.selection_s += time.perf_counter() - start
@@ -52,8 +53,8 @@ class Measured(OnlinePacker):
 
 def run(lengths, pack_size, buffer_size, strategy):
     samples = [{"key": i, "input_ids": torch.empty(int(n))} for i, n in enumerate(lengths)]
-    settings = {"pack_size": pack_size, "packing_buffer_size": buffer_size, "strategy": strategy}
-    packer = Measured(lambda start, stride: iter(samples[start::stride]), **settings)
+    config = OnlinePackConfig(pack_size=pack_size, packing_buffer_size=buffer_size, strategy=strategy)
+    packer = Measured(lambda start, stride: iter(samples[start::stride]), config)
     for _ in packer:
         pass
     return packer
@@ -66,7 +67,18 @@ def main() -> None:
     args = parser.parse_args()
     demo = demo_runtime_lengths()
     print(f"stream: {args.samples:,} demo-distribution samples; best_fill max_wait = 4 x buffer")
-    columns = ("pack", "buffer", "strategy", "fill", "held", "fresh", "mean wait", "max wait", "us/pack")
+    columns = (
+        "pack",
+        "buffer",
+        "strategy",
+        "fill",
+        "held",
+        "fresh",
+        "mean wait",
+        "max wait",
+        "forced",
+        "us/pack",
+    )
     print(" ".join(f"{name:>9}" for name in columns))
     for pack_size in (8192, 4096):
         lengths = np.minimum(np.random.default_rng(args.seed).choice(demo, size=args.samples), pack_size)
@@ -84,6 +96,9 @@ def main() -> None:
                     f"{fresh:.2%}",
                     f"{packer.mean_wait:.1f}",
                     packer.counts["max_wait"],
+                    f"{packer.counts['forced_packs'] / packer.counts['packs']:.2%}"
+                    if strategy == "best_fill"
+                    else "-",
                     f"{packer.selection_s / packer.counts['packs'] * 1e6:.0f}",
                 )
                 print(" ".join(f"{value:>9}" for value in values))

@@ -46,7 +46,7 @@ class TextEncoder(PackingTaskEncoderMixin, TaskEncoder):
     pack_size = PACK_SIZE
     pad_to_multiple_of = MULTIPLE
 
-    def __init__(self, strategy: str = "best_fill", skip_long: bool = False) -> None:
+    def __init__(self, strategy: str = "fullest_first", skip_long: bool = False) -> None:
         super().__init__()
         self.packing_strategy = strategy
         self.skip_long = skip_long
@@ -84,14 +84,14 @@ def test_ffd_gives_the_reference_groups():
     assert keys(encoder.select_samples_to_pack(buffer)) == [["five", "four-a"], ["four-b"]]
 
 
-def test_best_fill_on_the_reference_example():
+def test_fullest_first_on_the_reference_example():
+    # Aligned to 4: five 8, four-a 4, four-b 4; pack 12. The fullest group is 12 (8 + 4), holding the
+    # longest sample, with the earlier of the two 4s; the other 4 is what is left.
     buffer = [sample("five", 5), sample("four-a", 4), sample("four-b", 4)]
-    groups = Encoder().select_samples_to_pack(buffer)
-    assert sorted(key for group in keys(groups) for key in group) == ["five", "four-a", "four-b"]
-    assert all(sum(Encoder().packing_length(s) for s in group) <= 12 for group in groups)
+    assert keys(Encoder().select_samples_to_pack(buffer)) == [["five", "four-a"], ["four-b"]]
 
 
-@pytest.mark.parametrize("strategy", ["best_fill", "ffd"])
+@pytest.mark.parametrize("strategy", ["fullest_first", "ffd"])
 def test_every_sample_in_exactly_one_group_within_the_pack_size(strategy):
     encoder = Encoder()
     encoder.pack_size, encoder.packing_strategy = 64, strategy
@@ -102,14 +102,24 @@ def test_every_sample_in_exactly_one_group_within_the_pack_size(strategy):
     assert all(sum(-(-len(s.input_ids) // 4) * 4 for s in group) <= 64 for group in groups)
 
 
-def test_best_fill_needs_fewer_packs_than_ffd_here():
+def test_fullest_first_needs_fewer_packs_than_ffd_here():
     encoder = Encoder()
     encoder.pack_size, encoder.pad_to_multiple_of = 10, 1
     buffer = [sample(key, int(key[1])) for key in ("s5", "s4", "s3a", "s3b", "s3c", "s2")]
     encoder.packing_strategy = "ffd"
     assert keys(encoder.select_samples_to_pack(buffer)) == [["s5", "s4"], ["s3a", "s3b", "s3c"], ["s2"]]
-    encoder.packing_strategy = "best_fill"
+    encoder.packing_strategy = "fullest_first"
     assert keys(encoder.select_samples_to_pack(buffer)) == [["s5", "s3a", "s2"], ["s4", "s3b", "s3c"]]
+
+
+def test_best_fill_is_a_deprecated_alias_of_fullest_first():
+    encoder = Encoder()
+    encoder.pack_size, encoder.pad_to_multiple_of = 10, 1
+    buffer = [sample(key, int(key[1])) for key in ("s5", "s4", "s3a", "s3b", "s3c", "s2")]
+    encoder.packing_strategy = "best_fill"
+    with pytest.warns(FutureWarning, match="packing_strategy = 'best_fill' is deprecated.*'fullest_first'"):
+        groups = keys(encoder.select_samples_to_pack(buffer))
+    assert groups == [["s5", "s3a", "s2"], ["s4", "s3b", "s3c"]]
 
 
 def test_a_sample_longer_than_the_pack_is_refused():
@@ -124,7 +134,7 @@ def test_a_sample_longer_than_the_pack_is_refused():
     [
         ({"pack_size": None}, "pack_size must be a positive int"),
         ({"pad_to_multiple_of": 0}, "pad_to_multiple_of must be an int between 1 and pack_size"),
-        ({"packing_strategy": "bfd"}, "packing_strategy must be one of best_fill, ffd; got 'bfd'"),
+        ({"packing_strategy": "bfd"}, "packing_strategy must be one of fullest_first, ffd; got 'bfd'"),
     ],
 )
 def test_bad_settings_are_refused(attributes, message):
@@ -272,7 +282,7 @@ def check_pack(batch: dict, tokens: dict[str, list[int]]) -> None:
         assert torch.equal(batch["labels"][0, start : start + len(ids)], ids + 1)
 
 
-@pytest.mark.parametrize("strategy", ["best_fill", "ffd"])
+@pytest.mark.parametrize("strategy", ["fullest_first", "ffd"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_one_epoch_packs_every_sample_once(dataset, loader, workers, strategy):
     path, tokens = dataset

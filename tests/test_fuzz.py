@@ -25,7 +25,7 @@ from tightpack.runtime.adapters import to_packed_seq_params
 from tightpack.runtime.collate import PackedCollate, PackingMetadata
 from tightpack.runtime.context_parallel import slice_for_cp_rank
 from tightpack.runtime.in_batch import build_thd_from_rows, pack_right_padded_batch, pack_samples
-from tightpack.runtime.online import OnlinePacker
+from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
 
 from .conftest import examples
 
@@ -442,9 +442,15 @@ def test_collate_matches_the_raw_samples(case, fixed, width_multiple, answer_onl
     pack_size, multiple, with_seq_len, rows, samples = case
     static = static if fixed else None
     metadata = None
-    if static is not None:
-        extra_slots, longest, shortest = static
-        metadata = PackingMetadata(max(len(s) for s in samples) + extra_slots, longest, shortest)
+    if static is not None:  # metadata as written for a dataset holding these packs (and maybe more)
+        extra_slots, extra_length, fewer_tokens = static
+        longest = max(aligned for row in samples for *_, aligned in row)
+        shortest = min(sum(aligned for *_, aligned in row) for row in samples)
+        metadata = PackingMetadata(
+            max(len(s) for s in samples) + extra_slots,
+            longest + extra_length,
+            max(shortest - fewer_tokens, 0),
+        )
     collate = PackedCollate(
         pack_size=pack_size, eos_id=EOS, pad_to_max_length=fixed, pad_seq_length_to_mult=width_multiple,
         pad_seq_to_mult=multiple, answer_only_loss=answer_only_loss, legacy_keys=legacy_keys,
@@ -739,7 +745,9 @@ def online_cases(draw: st.DrawFn) -> dict:
 def run_packer(
     stream: Stream, settings_: dict, rank: int, world_size: int
 ) -> tuple[list[dict], OnlinePacker]:
-    packer = OnlinePacker(stream, restore=stream.restore, rank=rank, world_size=world_size, **settings_)
+    packer = OnlinePacker(
+        stream, OnlinePackConfig(**settings_), restore=stream.restore, rank=rank, world_size=world_size
+    )
     stream.emitted, packs = 0, []
     for pack in packer:
         packs.append(pack)
@@ -803,6 +811,7 @@ def test_online_packer_streams_every_sample_once_and_resumes_exactly(case, data)
             assert max(waits, default=0) <= max_wait
             assert packer.counts["max_wait"] == max(waits, default=0)
             if config["max_wait"] == 10**6:  # nothing forced: each pack is a fullest one of its buffer
+                assert packer.counts["forced"] == 0
                 for step, pack in enumerate(packs):
                     buffer = sorted(
                         key for key in keys if stream.arrival[key] <= step and emitted_at[key] >= step
@@ -815,11 +824,15 @@ def test_online_packer_streams_every_sample_once_and_resumes_exactly(case, data)
 
         # checkpoint at a random step, restore into a new packer, continue: the same packs
         checkpoint = data.draw(st.integers(0, len(packs)), label="checkpoint")
-        first = OnlinePacker(stream, restore=stream.restore, rank=rank, world_size=world_size, **config)
+        first = OnlinePacker(
+            stream, OnlinePackConfig(**config), restore=stream.restore, rank=rank, world_size=world_size
+        )
         iterator = iter(first)
         head = [summary(pack) for pack in itertools.islice(iterator, checkpoint)]
         state = json.loads(json.dumps(first.state_dict()))  # keys and integers only
-        resumed = OnlinePacker(stream, restore=stream.restore, rank=rank, world_size=world_size, **config)
+        resumed = OnlinePacker(
+            stream, OnlinePackConfig(**config), restore=stream.restore, rank=rank, world_size=world_size
+        )
         resumed.load_state_dict(state)
         assert head + [summary(pack) for pack in resumed] == [summary(pack) for pack in packs]
         assert resumed.counts == packer.counts

@@ -52,12 +52,16 @@ def best_subset(lengths: Sequence[int], capacity: int, *, first: int | None = No
 def fill_groups(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Group every index of ``lengths`` into packs of at most ``capacity``, filling one pack at a time.
 
-    Each pack starts from the longest candidate left and takes the fullest subset of the rest that
-    fits beside it, shortest candidates preferred. Every index lands in exactly one group (a length
-    above ``capacity`` gets a group of its own); a group lists its indices in increasing order.
+    Each pack is the fullest subset of the candidates left (the minimum bin slack heuristic, searched
+    exactly): among the fullest, one holding the longest candidate when there is one, and otherwise
+    the shortest candidates. So the longest is not always in the first pack: ``[7, 5, 5]`` in 10 packs
+    ``[5, 5]`` first. Every index lands in exactly one group (a length above ``capacity`` gets a group
+    of its own); a group lists its indices in increasing order.
 
     >>> fill_groups([5, 4, 4, 3, 7], 12)
     [[0, 4], [1, 2, 3]]
+    >>> fill_groups([7, 5, 5], 10)
+    [[1, 2], [0]]
     """
     left = sorted(range(len(lengths)), key=lambda i: (int(lengths[i]), i))
     groups = []

@@ -19,15 +19,24 @@ rebuilt on resume by running ``encode_sample`` and ``pack_selected_samples`` aga
             ids = torch.tensor(tokenizer.encode(sample.text))
             return PreparedSample.derive_from(sample, input_ids=ids)
 
-The selector puts every sample into exactly one group of at most ``pack_size`` aligned tokens:
-``best_fill`` (default) fills one pack at a time with the fullest subset of what is left
-(`tightpack.core.subset_fill.fill_groups`); ``ffd`` is first-fit decreasing, as the reference.
+The selector puts every sample into exactly one group of at most ``pack_size`` aligned tokens, with
+one of ``STRATEGIES``:
+
+- ``fullest_first`` (default) forms the groups one at a time, each the fullest that the samples
+  still ungrouped allow (an exact subset sum, `tightpack.core.subset_fill.fill_groups`): the Minimum
+  Bin Slack heuristic (Gupta and Ho, 1999) with an exact search. The last groups take what is left.
+- ``ffd`` is first-fit decreasing, as the reference.
+
+``best_fill`` is a deprecated alias of ``fullest_first`` (a ``FutureWarning`` says so): that name
+belongs to `tightpack.runtime.online`'s streaming strategy, which emits one fullest pack per step and
+keeps the leftovers for later, which Energon's selector cannot do (it must group the whole buffer).
 ``batch`` builds the THD row with `tightpack.runtime.in_batch.pack_samples` and adds the member
 ``keys``. Needs the optional extra: ``pip install 'tightpack[energon]'``.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -48,7 +57,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 __all__ = ["STRATEGIES", "PackedSample", "PackingTaskEncoderMixin", "PreparedSample"]
 
-STRATEGIES = ("best_fill", "ffd")
+STRATEGIES = ("fullest_first", "ffd")
+_DEPRECATED_STRATEGIES = {"best_fill": "fullest_first"}  # old name: new name
 
 
 @edataclass
@@ -79,14 +89,15 @@ class PackingTaskEncoderMixin:
 
     Configure with class or instance attributes: ``pack_size`` (tokens per pack, required),
     ``pad_to_multiple_of`` (alignment of every member), ``pad_to_max_length`` (every row exactly
-    ``pack_size`` wide), ``packing_strategy`` (``best_fill`` or ``ffd``), ``pad_token_id`` and
-    ``ignore_index``. Members are `PreparedSample` objects, or any object with the same attributes.
+    ``pack_size`` wide), ``packing_strategy`` (``fullest_first`` or ``ffd``; ``best_fill`` is a
+    deprecated alias of ``fullest_first``), ``pad_token_id`` and ``ignore_index``. Members are
+    `PreparedSample` objects, or any object with the same attributes.
     """
 
     pack_size: int | None = None
     pad_to_multiple_of: int = 1
     pad_to_max_length: bool = False
-    packing_strategy: Literal["best_fill", "ffd"] = "best_fill"
+    packing_strategy: Literal["fullest_first", "ffd"] = "fullest_first"
     pad_token_id: int = 0
     ignore_index: int = -100
 
@@ -103,8 +114,26 @@ class PackingTaskEncoderMixin:
                 f"{type(self).__name__}.pad_to_multiple_of must be an int between 1 and pack_size ({size}), "
                 f"got {multiple!r}"
             )
-        check_choice(f"{type(self).__name__}.packing_strategy", self.packing_strategy, STRATEGIES)
+        if self.packing_strategy not in _DEPRECATED_STRATEGIES:
+            check_choice(f"{type(self).__name__}.packing_strategy", self.packing_strategy, STRATEGIES)
         return size, multiple
+
+    def _strategy(self) -> str:
+        """``packing_strategy`` with a deprecated alias resolved, and a ``FutureWarning`` for it."""
+        name = self.packing_strategy
+        if name in _DEPRECATED_STRATEGIES:
+            new = _DEPRECATED_STRATEGIES[name]
+            # FutureWarning, not DeprecationWarning: the call comes from Energon's loader, not from the
+            # user's module, where a DeprecationWarning is hidden by default.
+            warnings.warn(
+                f"{type(self).__name__}.packing_strategy = {name!r} is deprecated: the grouping is now named "
+                f"{new!r} ({name!r} is the online packer's strategy, which keeps leftovers for later); "
+                f"set packing_strategy = {new!r}",
+                FutureWarning,
+                stacklevel=3,
+            )
+            return new
+        return name
 
     def packing_length(self, sample: Any) -> int:
         """Tokens a sample takes in a pack: its length rounded up to ``pad_to_multiple_of``.
@@ -132,7 +161,7 @@ class PackingTaskEncoderMixin:
         """Split the whole buffer into groups of at most ``pack_size`` aligned tokens, each sample in one."""
         size, _ = self._checked_settings()
         lengths = [self.packing_length(sample) for sample in samples]
-        if self.packing_strategy == "ffd":
+        if self._strategy() == "ffd":
             groups = [group.tolist() for group in plan_packs(lengths, size, algorithm="ffd")]
         else:
             groups = fill_groups(lengths, size)

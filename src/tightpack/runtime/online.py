@@ -2,7 +2,7 @@
 
 `OnlinePacker` reads samples from a restartable source into a buffer of ``packing_buffer_size``
 candidates and emits one THD pack per step, built by `tightpack.runtime.in_batch.build_thd_from_rows`
-and carrying its members' keys. Strategies:
+and carrying its members' keys. Its settings are an `OnlinePackConfig`. Strategies:
 
 - ``ffd`` (the reference's semantics): when no groups are pending, first-fit-decreasing over the
   whole buffer; the groups are then emitted one per step before any new sample is read.
@@ -10,10 +10,28 @@ and carrying its members' keys. Strategies:
   allows (an exact subset sum, `tightpack.core.subset_fill.best_subset`). Among the fullest packs it
   takes one holding the oldest sample when there is one, and otherwise the one with the shortest
   samples: old samples leave in arrival order and the buffer keeps enough tokens to fill the next
-  packs. A sample that arrived at step ``a`` is emitted by step ``a + max_wait``: samples are forced
-  into packs earliest deadline first as soon as their slack reaches their rank among the deadlines,
-  and with ``max_wait >= packing_buffer_size`` that always leaves room (at most one forced sample per
-  step is ever needed, and any sample fits a pack).
+  packs. A sample that arrived at step ``a`` is emitted by step ``a + max_wait``.
+
+How ``best_fill`` keeps that bound. Rank the buffered samples by deadline (``arrival + max_wait``; rank
+0 is the earliest) and call a sample's *slack* the steps left until its deadline. Every selection
+starts from the invariant **slack >= rank for every buffered sample**: at most one sample is due now,
+at most two within one step, and so on, so emitting one sample per step, earliest deadline first,
+meets every deadline, even when no two samples fit one pack. A sample whose slack equals its rank is
+*tight*; the pack starts with the tight samples in deadline order, each one taken if it still fits
+(these are the *forced* samples), and the fullest fill of what is left tops it up. The invariant
+holds again at the next step:
+
+- the first tight sample always leaves: it goes into an empty pack, and every sample fits one;
+- a later tight sample left out (it does not fit) is fine: an earlier-ranked sample left, so its rank
+  drops by at least one as its slack drops by one;
+- a sample that is not tight has a step to spare;
+- a sample read at step ``a`` starts with slack ``max_wait`` at a rank below ``packing_buffer_size``,
+  which the requirement ``max_wait >= packing_buffer_size`` covers with a step to spare.
+
+A sample with slack 0 therefore has rank 0: it is tight and leaves on time. Several samples can be
+tight at once and all that fit are forced, so one step may force several; only the first is needed
+for the bound (forcing the others can cost fill: ``tests/test_online_forcing.py`` works an example).
+``counts`` reports ``forced`` samples, ``forced_packs`` and ``multi_forced_packs`` (two or more).
 
 Inside a ``DataLoader`` with workers, worker ``w`` of ``W`` on data-parallel rank ``r`` of ``R`` packs
 its own shard: the samples at positions ``r * W + w`` modulo ``R * W`` of the stream.
@@ -22,27 +40,112 @@ Nothing is dropped (except by the ``drop`` long-sample policy, counted): a finit
 `state_dict` holds keys, lengths, arrival steps and counters, never tensors; `load_state_dict`
 restores the buffer through ``restore(key)`` and restarts the source after the samples already read,
 so a restored packer yields exactly the packs an uninterrupted one would. It refuses a state saved
-with other settings, another shard layout (data-parallel size, worker count) or other data (a
-restored sample of another length, or another ``data_id``).
+with other settings (`OnlinePackConfig.settings`), another shard layout (data-parallel size, worker
+count) or other data (a restored sample of another length, or another ``data_id``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from numbers import Integral
+from typing import Any, Literal, get_args
 
 import torch
 
 from tightpack.core.alignment import ceil_to_multiple, length_cap
 from tightpack.core.planner import plan_packs
 from tightpack.core.subset_fill import best_subset
-from tightpack.errors import TightpackError
+from tightpack.errors import TightpackError, check_choice
 from tightpack.runtime.in_batch import pack_samples
 
-__all__ = ["OnlinePacker"]
+__all__ = ["OnlinePackConfig", "OnlinePacker"]
 
 Strategy = Literal["best_fill", "ffd"]
+LongSamples = Literal["truncate", "drop", "error"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OnlinePackConfig:
+    """Settings of an `OnlinePacker`; the same on every data-parallel rank and DataLoader worker.
+
+    Attributes:
+        pack_size: tokens per pack.
+        packing_buffer_size: candidates kept, per DataLoader worker.
+        strategy: ``best_fill`` (default: the fullest pack the buffer allows, leftovers stay) or
+            ``ffd`` (the reference's: first-fit decreasing over the whole buffer).
+        max_wait: steps a sample may wait under ``best_fill``; None means ``4 * packing_buffer_size``.
+            Must be at least ``packing_buffer_size`` (the module docstring says why).
+        pad_to_multiple_of: alignment of every sample (``pad_seq_to_mult`` for context parallelism).
+        pad_to_max_length: every pack exactly ``pack_size`` wide.
+        long_samples: samples whose aligned length exceeds ``pack_size``: ``truncate`` keeps the
+            longest aligned prefix that fits, ``drop`` leaves them out (counted), ``error`` stops.
+        pad_token_id, ignore_index: the padding of ``input_ids`` and of ``labels``.
+        data_id: names the stream (dataset, split, shuffle seed); a state saved under another is refused.
+
+    >>> OnlinePackConfig(pack_size=4096, packing_buffer_size=64).settings()["max_wait"]
+    256
+    """
+
+    pack_size: int
+    packing_buffer_size: int
+    strategy: Strategy = "best_fill"
+    max_wait: int | None = None
+    pad_to_multiple_of: int = 1
+    pad_to_max_length: bool = False
+    long_samples: LongSamples = "truncate"
+    pad_token_id: int = 0
+    ignore_index: int = -100
+    data_id: str | None = None
+
+    @property
+    def wait_limit(self) -> int:
+        """``max_wait``, with None resolved to ``4 * packing_buffer_size``."""
+        return 4 * self.packing_buffer_size if self.max_wait is None else self.max_wait
+
+    def validate(self) -> None:
+        """Check every setting; raises `TightpackError` naming the setting, the value and the fix."""
+        size, buffer, multiple = self.pack_size, self.packing_buffer_size, self.pad_to_multiple_of
+        if not _is_int(size) or size < 1:
+            raise TightpackError(f"pack_size must be a positive integer (tokens per pack), got {size!r}")
+        if not _is_int(multiple) or not 1 <= multiple <= size:
+            raise TightpackError(
+                f"pad_to_multiple_of must be an integer between 1 and pack_size ({size}), got {multiple!r}; "
+                "lower it or raise pack_size"
+            )
+        if not _is_int(buffer) or buffer < 1:
+            raise TightpackError(
+                f"packing_buffer_size must be a positive integer (candidates kept per worker), got {buffer!r}"
+            )
+        check_choice("strategy", self.strategy, get_args(Strategy))
+        check_choice("long_samples", self.long_samples, get_args(LongSamples))
+        if self.max_wait is not None and not _is_int(self.max_wait):
+            raise TightpackError(
+                f"max_wait must be an integer number of steps or None, got {self.max_wait!r}"
+            )
+        if self.strategy == "best_fill" and self.wait_limit < buffer:
+            raise TightpackError(
+                f"max_wait ({self.wait_limit}) must be at least packing_buffer_size ({buffer}): a sample "
+                "can arrive behind packing_buffer_size - 1 samples due no later than it, and when no two "
+                "share a pack they leave one per step; raise max_wait, or leave it None for 4 x "
+                "packing_buffer_size"
+            )
+
+    def settings(self) -> dict[str, Any]:
+        """What a resumed packer must share with the saved one: every field, ``max_wait`` resolved.
+
+        Not ``pad_token_id`` and ``ignore_index``: they fill the padding only, never decide which
+        samples go where, so a checkpoint stays valid when they change.
+        """
+        values = asdict(self)
+        values.pop("pad_token_id")
+        values.pop("ignore_index")
+        values["max_wait"] = self.wait_limit
+        return values
 
 
 @dataclass
@@ -64,24 +167,25 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             (optionally ``labels``, ``loss_mask`` and the visual tensors of
             `tightpack.runtime.in_batch.VISUAL_KEYS`). Prepare samples lazily in it: a worker only
             reads its own positions.
+        config: the settings (`OnlinePackConfig`), validated here.
         restore: ``restore(key)`` prepares the sample with that key again (for `load_state_dict`).
-        pack_size: tokens per pack.
-        packing_buffer_size: candidates kept (per worker).
-        strategy: ``best_fill`` or ``ffd``.
-        max_wait: steps a sample may wait (``best_fill``); default ``4 * packing_buffer_size``.
-        pad_to_multiple_of, pad_to_max_length: alignment of every sample, and a fixed pack width.
-        long_samples: samples whose aligned length exceeds the pack size: ``truncate``, ``drop``, ``error``.
         rank, world_size: this data-parallel rank and their number; each rank packs its own shard.
-        data_id: names the stream (dataset, split, shuffle seed); a state saved under another is refused.
         pack_fn: builds a batch from the member samples, with the keyword arguments of
             `tightpack.runtime.in_batch.pack_samples` (the default); for Qwen2-VL positions pass
             ``functools.partial(pack_vlm_samples, image_token_id=...)``.
 
-    Each pack is a THD batch ``[1, T]`` with ``keys``, its members' keys in order.
+    Raises:
+        TightpackError: a setting is invalid, or ``rank`` is outside ``[0, world_size)``.
+
+    Each pack is a THD batch ``[1, T]`` with ``keys``, its members' keys in order. ``counts`` holds
+    ``samples``, ``packs``, ``tokens`` (real ones), ``truncated`` and ``dropped`` samples, ``waited``
+    (steps, summed over samples) and ``max_wait``, ``held_bytes`` and ``peak_held_bytes`` (host memory
+    of the buffer), and for ``best_fill`` ``forced`` (samples forced in by their deadline),
+    ``forced_packs`` (packs holding one) and ``multi_forced_packs`` (packs holding two or more).
 
     >>> samples = [{"key": i, "input_ids": torch.arange(n)} for i, n in enumerate([5, 3, 4, 2])]
-    >>> packer = OnlinePacker(lambda start, stride: iter(samples[start::stride]), pack_size=8,
-    ...                       packing_buffer_size=4)
+    >>> config = OnlinePackConfig(pack_size=8, packing_buffer_size=4)
+    >>> packer = OnlinePacker(lambda start, stride: iter(samples[start::stride]), config)
     >>> [pack["keys"] for pack in packer]
     [[0, 1], [2, 3]]
     """
@@ -89,46 +193,24 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     def __init__(
         self,
         source: Callable[[int, int], Iterator[dict[str, Any]]],
+        config: OnlinePackConfig,
         *,
         restore: Callable[[Any], dict[str, Any]] | None = None,
-        pack_size: int,
-        packing_buffer_size: int,
-        strategy: Strategy = "best_fill",
-        max_wait: int | None = None,
-        pad_to_multiple_of: int = 1,
-        pad_to_max_length: bool = False,
-        long_samples: Literal["truncate", "drop", "error"] = "truncate",
-        pad_token_id: int = 0,
-        ignore_index: int = -100,
         rank: int = 0,
         world_size: int = 1,
-        data_id: str | None = None,
         pack_fn: Callable[..., dict[str, Any]] = pack_samples,
     ) -> None:
-        if strategy not in ("best_fill", "ffd"):
-            raise TightpackError(f"strategy must be best_fill or ffd, got {strategy!r}")
-        if packing_buffer_size < 1 or pack_size < pad_to_multiple_of:
+        if not isinstance(config, OnlinePackConfig):
             raise TightpackError(
-                f"packing_buffer_size ({packing_buffer_size}) must be >= 1 and pack_size ({pack_size}) at "
-                f"least the alignment multiple ({pad_to_multiple_of})"
+                f"config must be an OnlinePackConfig, got {type(config).__name__}; build it with "
+                "OnlinePackConfig(pack_size=..., packing_buffer_size=...)"
             )
-        max_wait = 4 * packing_buffer_size if max_wait is None else max_wait
-        if strategy == "best_fill" and max_wait < packing_buffer_size:
-            raise TightpackError(
-                f"max_wait ({max_wait}) must be at least packing_buffer_size ({packing_buffer_size}): a full "
-                "buffer can hold that many samples due at once, and one pack per step takes them in turn"
-            )
-        if long_samples not in ("truncate", "drop", "error"):
-            raise TightpackError(f"long_samples must be truncate, drop or error, got {long_samples!r}")
+        config.validate()
         if not 0 <= rank < world_size:
             raise TightpackError(f"rank ({rank}) must be in [0, world_size={world_size})")
         self.source, self.restore, self.pack_fn = source, restore, pack_fn
-        self.pack_size, self.buffer_size = pack_size, packing_buffer_size
-        self.strategy, self.max_wait = strategy, max_wait
-        self.multiple, self.pad_to_max_length = pad_to_multiple_of, pad_to_max_length
-        self.long_samples = long_samples
-        self.pad_token_id, self.ignore_index = pad_token_id, ignore_index
-        self.rank, self.world_size, self.data_id = rank, world_size, data_id
+        self.config = config
+        self.rank, self.world_size = rank, world_size
         self._resumed_shard: tuple[int, int] | None = None
         self._reset()
 
@@ -148,6 +230,9 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             "max_wait": 0,
             "held_bytes": 0,
             "peak_held_bytes": 0,
+            "forced": 0,
+            "forced_packs": 0,
+            "multi_forced_packs": 0,
         }
 
     def shard(self) -> tuple[int, int]:
@@ -160,26 +245,25 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     def _admit(self, sample: dict[str, Any], arrival: int, *, count: bool = True) -> _Candidate | None:
         """The candidate of a sample, after the long-sample policy (counted unless ``count`` is False)."""
+        size, multiple = self.config.pack_size, self.config.pad_to_multiple_of
         tokens = length = len(sample["input_ids"])
-        if ceil_to_multiple(length, self.multiple) > self.pack_size:
-            if self.long_samples == "error":
+        if ceil_to_multiple(length, multiple) > size:
+            if self.config.long_samples == "error":
                 raise TightpackError(
-                    f"sample {sample['key']!r} has {length} tokens, above the pack size {self.pack_size}; "
+                    f"sample {sample['key']!r} has {length} tokens, above the pack size {size}; "
                     "raise pack_size or choose long_samples='truncate' or 'drop'"
                 )
-            if self.long_samples == "drop":
+            if self.config.long_samples == "drop":
                 self.counts["dropped"] += count
                 return None
             self.counts["truncated"] += count
-            keep = length_cap(self.pack_size, self.multiple)
+            keep = length_cap(size, multiple)
             sample = {
                 k: v[:keep] if isinstance(v, torch.Tensor) and v.dim() == 1 else v for k, v in sample.items()
             }
             length = keep
         nbytes = sum(v.nbytes for v in sample.values() if isinstance(v, torch.Tensor))
-        return _Candidate(
-            sample["key"], sample, ceil_to_multiple(length, self.multiple), arrival, tokens, nbytes
-        )
+        return _Candidate(sample["key"], sample, ceil_to_multiple(length, multiple), arrival, tokens, nbytes)
 
     def _hold(self, candidate: _Candidate) -> None:
         self.buffer.append(candidate)
@@ -188,7 +272,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     def _fill(self, stream: Iterator[dict[str, Any]]) -> bool:
         """Top the buffer up; False when the stream is exhausted."""
-        while len(self.buffer) < self.buffer_size:
+        while len(self.buffer) < self.config.packing_buffer_size:
             sample = next(stream, None)
             if sample is None:
                 return False
@@ -201,21 +285,41 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     # -- selection ----------------------------------------------------------------------------------
 
     def _ffd_groups(self) -> list[list[_Candidate]]:
-        plan = plan_packs([c.length for c in self.buffer], self.pack_size, algorithm="ffd")
+        plan = plan_packs([c.length for c in self.buffer], self.config.pack_size, algorithm="ffd")
         groups = [[self.buffer[i] for i in pack.tolist()] for pack in plan]
         self.buffer = []
         return groups
 
-    def _best_fill(self) -> list[_Candidate]:
+    def _by_deadline(self) -> list[tuple[int, _Candidate]]:
+        """``(slack, candidate)`` for the buffer in deadline order: the list index is the rank."""
         by_deadline = sorted(self.buffer, key=lambda c: (c.arrival, str(c.key)))
-        chosen, room = [], self.pack_size
-        for rank, candidate in enumerate(by_deadline):  # earliest deadline first
-            # Due when fewer steps are left than samples due no later: the first due one always fits.
-            if candidate.arrival + self.max_wait - self.step <= rank and candidate.length <= room:
+        return [(c.arrival + self.config.wait_limit - self.step, c) for c in by_deadline]
+
+    def _best_fill(self) -> list[_Candidate]:
+        by_deadline = self._by_deadline()
+        chosen, room = [], self.config.pack_size
+        for rank, (slack, candidate) in enumerate(by_deadline):
+            # The invariant of the module docstring, slack >= rank, is what guarantees every deadline;
+            # checking it costs one comparison per candidate.
+            if slack < rank:
+                raise RuntimeError(
+                    f"online packer invariant broken at step {self.step}: sample {candidate.key!r} has "
+                    f"{slack} steps left before its deadline but {rank} samples due no later ahead of it, "
+                    "so its max_wait can no longer be guaranteed; this is a bug in tightpack, please "
+                    "report it"
+                )
+            # Tight (slack == rank): forced if it fits. The first tight one goes into an empty pack, so it
+            # always fits; a later one left out is fine: an earlier-ranked one leaves, so its rank drops
+            # by at least one as its slack drops by one.
+            if slack == rank and candidate.length <= room:
                 chosen.append(candidate)
                 room -= candidate.length
+        if chosen:
+            self.counts["forced"] += len(chosen)
+            self.counts["forced_packs"] += 1
+            self.counts["multi_forced_packs"] += len(chosen) > 1
         taken = {id(c) for c in chosen}
-        oldest = next((c for c in by_deadline if id(c) not in taken and c.length <= room), None)
+        oldest = next((c for _, c in by_deadline if id(c) not in taken and c.length <= room), None)
         if oldest is not None:
             rest = sorted(
                 (c for c in self.buffer if id(c) not in taken and c.length <= room),
@@ -228,25 +332,27 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         return chosen
 
     def _next_group(self, stream_open: bool) -> list[_Candidate] | None:
-        if self.strategy == "ffd":
-            if not self.pending and (len(self.buffer) >= self.buffer_size or not stream_open) and self.buffer:
+        full = len(self.buffer) >= self.config.packing_buffer_size
+        if self.config.strategy == "ffd":
+            if not self.pending and (full or not stream_open) and self.buffer:
                 self.pending = self._ffd_groups()
             return self.pending.pop(0) if self.pending else None
-        if len(self.buffer) >= self.buffer_size or (not stream_open and self.buffer):
+        if full or (not stream_open and self.buffer):
             return self._best_fill()
         return None
 
     # -- emission -----------------------------------------------------------------------------------
 
     def _pack(self, group: list[_Candidate]) -> dict[str, Any]:
+        config = self.config
         samples = [candidate.sample for candidate in group]
         batch = self.pack_fn(
             samples,
-            sequence_length=self.pack_size if self.pad_to_max_length else None,
-            pad_token_id=self.pad_token_id,
-            ignore_index=self.ignore_index,
-            pad_to_multiple_of=self.multiple,
-            pad_to_max_length=self.pad_to_max_length,
+            sequence_length=config.pack_size if config.pad_to_max_length else None,
+            pad_token_id=config.pad_token_id,
+            ignore_index=config.ignore_index,
+            pad_to_multiple_of=config.pad_to_multiple_of,
+            pad_to_max_length=config.pad_to_max_length,
         )
         batch["keys"] = [c.key for c in group]
         self._record(group, tokens=sum(len(sample["input_ids"]) for sample in samples))
@@ -291,18 +397,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     # -- checkpoint ---------------------------------------------------------------------------------
 
     def _settings(self) -> dict[str, Any]:
-        return {
-            "pack_size": self.pack_size,
-            "packing_buffer_size": self.buffer_size,
-            "strategy": self.strategy,
-            "max_wait": self.max_wait,
-            "pad_to_multiple_of": self.multiple,
-            "pad_to_max_length": self.pad_to_max_length,
-            "long_samples": self.long_samples,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "data_id": self.data_id,
-        }
+        """The saved settings: the config's, and the data-parallel layout this packer shards by."""
+        return self.config.settings() | {"rank": self.rank, "world_size": self.world_size}
 
     def state_dict(self) -> dict[str, Any]:
         """Keys, lengths, arrival steps and counters: everything needed to continue exactly, and no tensor."""
@@ -319,10 +415,11 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict` saved with the same settings, shard layout and data."""
+        current = self._settings()
         differences = {
-            name: (saved, self._settings().get(name))
+            name: (saved, current.get(name))
             for name, saved in state["settings"].items()
-            if self._settings().get(name) != saved
+            if current.get(name) != saved
         }
         if differences:
             listed = ", ".join(
@@ -349,10 +446,18 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
         self._reset()
         self.consumed, self.step, self.exhausted = state["consumed"], state["step"], state["exhausted"]
-        self.counts = dict(state["counts"])
+        self.counts.update(state["counts"])  # a state saved before a counter existed leaves it at 0
         self.buffer = [candidate(*saved) for saved in state["buffer"]]
         self.pending = [[candidate(*saved) for saved in group] for group in state["pending"]]
         self._resumed_shard = tuple(state["shard"])
+        if self.config.strategy == "best_fill":  # what the next selection checks, as an input error here
+            for rank, (slack, restored) in enumerate(self._by_deadline()):
+                if slack < rank:
+                    raise TightpackError(
+                        f"the state's buffer cannot be met by max_wait: at step {self.step}, sample "
+                        f"{restored.key!r} (read at step {restored.arrival}) has {slack} steps left and "
+                        f"{rank} samples due no later; the state was edited or comes from another packer"
+                    )
 
     @property
     def mean_wait(self) -> float:
@@ -361,4 +466,4 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     def fill(self) -> float:
         """Real tokens over ``packs * pack_size`` so far."""
-        return self.counts["tokens"] / max(self.counts["packs"] * self.pack_size, 1)
+        return self.counts["tokens"] / max(self.counts["packs"] * self.config.pack_size, 1)
