@@ -28,6 +28,7 @@ from tightpack.runtime.in_batch import build_thd_from_rows, pack_right_padded_ba
 from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
 
 from .conftest import examples
+from .online_stream import Stream
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
 
@@ -659,29 +660,6 @@ def test_cp_shards_of_an_unpacked_batch_reassemble_it(cp_size, rows, chunks):
 
 
 # === online packer ===================================================================================
-
-
-class Stream:
-    """Samples ``s0000, s0001, ...`` with distinct tokens; records the step at which each was read."""
-
-    def __init__(self, lengths: list[int]) -> None:
-        self.lengths = lengths
-        self.emitted = 0  # packs the consumer has received so far
-        self.arrival: dict[str, int] = {}
-
-    def sample(self, index: int) -> dict:
-        n = self.lengths[index]
-        ids = torch.arange(n) + 1000 * (index + 1)
-        return {"key": f"s{index:04d}", "input_ids": ids, "loss_mask": torch.ones(n)}
-
-    def __call__(self, start: int, stride: int):
-        for index in range(start, len(self.lengths), stride):
-            sample = self.sample(index)
-            self.arrival[sample["key"]] = self.emitted
-            yield sample
-
-    def restore(self, key: str) -> dict:
-        return self.sample(int(key[1:]))
 
 
 def best_sum(lengths: list[int], capacity: int) -> int:

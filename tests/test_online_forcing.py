@@ -17,7 +17,6 @@ import json
 from collections import Counter
 
 import pytest
-import torch
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
@@ -25,28 +24,7 @@ from tightpack.errors import TightpackError
 from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
 
 from .conftest import examples
-
-
-class Stream:
-    """Samples ``s0000, s0001, ...`` of the given lengths; records the step at which each was read."""
-
-    def __init__(self, lengths: list[int]) -> None:
-        self.lengths = lengths
-        self.emitted = 0  # packs the consumer has received so far: the packer's current step
-        self.arrival: dict[str, int] = {}
-
-    def sample(self, index: int) -> dict:
-        n = self.lengths[index]
-        return {"key": f"s{index:04d}", "input_ids": torch.arange(n) + 1000 * (index + 1)}
-
-    def __call__(self, start: int, stride: int):
-        for index in range(start, len(self.lengths), stride):
-            sample = self.sample(index)
-            self.arrival[sample["key"]] = self.emitted
-            yield sample
-
-    def restore(self, key: str) -> dict:
-        return self.sample(int(key[1:]))
+from .online_stream import Stream
 
 
 def consume(packer: OnlinePacker, stream: Stream, packs: int | None = None) -> list[list[str]]:
