@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tightpack
+from tightpack.core.cost_model import CostModel
 
 from .conftest import write_jsonl
 
@@ -377,6 +378,25 @@ class TestInspect:
         assert table.returncode == 0, table.stderr
         assert summary_value(table.stdout, "efficiency") == "90.00%"  # 9 / (2 * 5), as pack prints it
         assert summary_value(table.stdout, "over pack size") == "1"  # pack 0 holds 6 > 5
+
+    def test_cost_spread_under_a_cost_model(self, tmp_path):
+        """Pack 0 holds sequences of 4 and 2 runtime tokens, pack 1 one of 3: with cost s + s^2 + 10 per
+        sequence, 6 + 20 + 20 = 46 and 3 + 9 + 10 = 22."""
+        folder = write_megatron_bridge_folder(tmp_path / "mb")
+        model = tmp_path / "cost.json"
+        CostModel(linear=1, quadratic=1, per_sequence=10, unit="seconds").save(model)
+        summary = json.loads(run_cli("inspect", folder, "--cost-model", model, "--json", cwd=tmp_path).stdout)
+        cost = summary["cost"]
+        assert cost["model"]["unit"] == "seconds"
+        assert (cost["mean"], cost["max_over_mean"]) == (34.0, pytest.approx(46 / 34))
+        assert cost["cv"] == pytest.approx(12 / 34)  # population std of [46, 22]
+        llama = CostModel.named("llama-8b")
+        costs = [llama.linear * 6 + llama.quadratic * 20, llama.linear * 3 + llama.quadratic * 9]
+        table = run_cli("inspect", folder, "--cost-model", "llama-8b", cwd=tmp_path)
+        assert table.returncode == 0, table.stderr
+        assert summary_value(table.stdout, "pack cost, max / mean") == f"{max(costs) / (sum(costs) / 2):.3f}"
+        line = error_line(run_cli("inspect", folder, "--cost-model", "llama-9b", cwd=tmp_path))
+        assert re.search(r"^error: .*llama-9b.*llama-1b, llama-8b", line), line
 
     def test_megatron_bridge_folder_without_pack_size(self, tmp_path):
         folder = write_megatron_bridge_folder(tmp_path / "mb")

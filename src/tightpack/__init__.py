@@ -4,6 +4,7 @@ The package root exports the planner and the offline pipeline; see the README fo
 """
 
 from tightpack.core.alignment import alignment_multiple
+from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import ALGORITHMS, PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
 from tightpack.errors import TightpackError
@@ -12,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALGORITHMS",
+    "CostModel",
     "PackConfig",
     "PackPlan",
     "PackResult",

@@ -342,12 +342,19 @@ def inspect(
     pack_size: Annotated[
         int | None, typer.Option(help="Pack size, for the fill ratio when there is no manifest.")
     ] = None,
+    cost_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Show the spread of pack cost under a cost model: a preset (llama-8b, llama-1b) or a JSON "
+            "file written by CostModel.save."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Summarize a packed dataset (ours or Megatron-Bridge's)."""
     from tightpack.packed_summary import summarize_packed
 
-    summary = summarize_packed(path, pack_size=pack_size)
+    summary = summarize_packed(path, pack_size=pack_size, cost_model=cost_model)
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -355,7 +362,7 @@ def inspect(
     table.add_column(style="bold")
     table.add_column(justify="right")
     for key, value in summary.items():
-        if key in ("path", "manifest"):
+        if key in ("path", "manifest", "cost"):
             continue
         text = (
             f"{value:.2%}"  # the same form as the summary of `tightpack pack`
@@ -367,6 +374,11 @@ def inspect(
             else str(value)
         )
         table.add_row(key.replace("_", " "), text)
+    cost = summary.get("cost")
+    if cost:
+        table.add_row("pack cost, mean", f"{cost['mean']:,.4g} {cost['model'].get('unit', '')}".rstrip())
+        table.add_row("pack cost, max / mean", f"{cost['max_over_mean']:.3f}")
+        table.add_row("pack cost, coefficient of variation", f"{cost['cv']:.3f}")
     manifest = summary.get("manifest")
     if manifest:
         settings = manifest["settings"]
