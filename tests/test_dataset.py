@@ -18,12 +18,8 @@ from .conftest import write_jsonl
 
 
 @pytest.fixture
-def packed(tmp_path, chat_rows):
-    source = write_jsonl(tmp_path / "chat.jsonl", chat_rows * 3)
-    pack_dataset(
-        [source], tmp_path / "out", PackConfig(packed_sequence_size=128, row_group_size=4, workers=1)
-    )
-    return tmp_path / "out"
+def packed(packed_chat):
+    return packed_chat
 
 
 def expected_rows(folder):
