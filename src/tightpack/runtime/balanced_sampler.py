@@ -145,20 +145,9 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
             drop_last=drop_last,
         )
         self.pack_costs = costs
-        # The whole global batches, as one rank of one would see them: the permutation, the cut into
-        # global batches and the -1 padding stay PackedBatchSampler's own code.
-        self._global = PackedBatchSampler(
-            len(costs),
-            dataloader_type="batch",
-            micro_batch_size=1,
-            global_batch_size=global_batch_size,
-            seed=seed,
-            drop_last=drop_last,
-        )
 
     def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
-        for batch in self._global._batch(epoch, offset):
-            positions = np.asarray(batch, dtype=np.int64)
+        for positions in self._global_batches(epoch, offset):
             # A padding position -1 is `PackedDataset`'s index -1: the last index's tokens with no loss,
             # which cost the same compute, so it is costed as that index.
             costs = self.pack_costs[positions]

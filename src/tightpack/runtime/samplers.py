@@ -149,12 +149,18 @@ class PackedBatchSampler:
         for first in range(0, len(order) - self.micro_batch_size + 1, self.micro_batch_size):
             yield order[first : first + self.micro_batch_size].tolist()
 
-    def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
+    def _global_batches(self, epoch: int, offset: int) -> Iterator[np.ndarray]:
+        """``batch`` type: every global batch of the epoch from ``offset``, all ranks' indices together
+        (int64 ``[global_batch_size]``, ``-1`` for padding); a subclass may deal them otherwise."""
         order = self._permutation(self.total_samples, epoch)
         padded = np.full(self.samples_per_epoch, -1, dtype=np.int64)
         padded[: min(len(order), self.samples_per_epoch)] = order[: self.samples_per_epoch]
         for first in range(offset, self.samples_per_epoch, self.step):
-            yield padded[first : first + self.step][self.rank :: self.ranks].tolist()
+            yield padded[first : first + self.step]
+
+    def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
+        for batch in self._global_batches(epoch, offset):
+            yield batch[self.rank :: self.ranks].tolist()
 
 
 class TokenBudgetBatchSampler:
