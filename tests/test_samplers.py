@@ -86,6 +86,8 @@ def test_resume_from_consumed_samples_continues_the_same_stream(kind, extra, sto
     ("kwargs", "message"),
     [
         ({"dataloader_type": "batch", "micro_batch_size": 2}, "needs global_batch_size"),
+        ({"dataloader_type": "batch", "micro_batch_size": 1, "global_batch_size": 0},
+         "global_batch_size must be a positive integer, got 0"),  # was a ZeroDivisionError
         ({"dataloader_type": "batch", "micro_batch_size": 2, "global_batch_size": 6, "data_parallel_size": 2},
          r"\(6\) is not divisible by `micro_batch_size \(2\) x data_parallel_size \(2\)`"),
         ({"dataloader_type": "cyclic", "micro_batch_size": 8, "data_parallel_size": 2}, "Not enough samples"),

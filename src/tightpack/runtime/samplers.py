@@ -72,6 +72,9 @@ class PackedBatchSampler:
         if dataloader_type == "batch":
             if global_batch_size is None:
                 raise TightpackError("dataloader_type='batch' needs global_batch_size")
+            gbs = global_batch_size
+            if isinstance(gbs, bool) or not isinstance(gbs, int | np.integer) or gbs < 1:
+                raise TightpackError(f"global_batch_size must be a positive integer, got {gbs!r}")
             if global_batch_size % step:
                 raise TightpackError(
                     f"`global_batch_size` ({global_batch_size}) is not divisible by `micro_batch_size "
