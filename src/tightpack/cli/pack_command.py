@@ -1,57 +1,33 @@
-"""The ``tightpack`` command line: ``pack``, ``inspect``, ``verify`` and ``validate``.
-
-User errors (`TightpackError`, bad options) print one line on stderr and exit with status 2; there is
-no traceback for them. Progress goes to stderr, results to stdout.
-"""
+"""``tightpack pack``: tokenize, truncate, plan and write packs, with a progress display and a summary."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-from enum import Enum
 from pathlib import Path
-from typing import Annotated, get_args
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tightpack import __version__, pack_config, pipeline
-from tightpack.core.planner import ALGORITHMS
-from tightpack.errors import TightpackError
-from tightpack.output_folder import os_error_message
-from tightpack.prepare import formats
-
-app = typer.Typer(
-    name="tightpack",
-    help="Sequence packing for LLM and VLM fine-tuning.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+from tightpack import pipeline
+from tightpack.cli.app import (
+    DEMO_OUTPUT,
+    DEMO_PACK_SIZE,
+    OLDEST_TURNS,
+    Algorithm,
+    ChatTruncation,
+    Format,
+    LongSamples,
+    LossOn,
+    OutputFormat,
+    TruncationMethod,
+    app,
+    stderr,
+    stdout,
 )
-stdout = Console()
-stderr = Console(stderr=True)
-
-DEMO_OUTPUT = Path("packed-demo")
-DEMO_PACK_SIZE = 4096
-
-
-def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
-    """A str Enum of the library's own allowed values, for typer's choice checking and help."""
-    return Enum(name, {value: value for value in values}, type=str)
-
-
-Format = _choices("Format", get_args(formats.Format))
-LossOn = _choices("LossOn", get_args(formats.LossOn))
-Algorithm = _choices("Algorithm", tuple(ALGORITHMS))
-LongSamples = _choices("LongSamples", get_args(pack_config.LongSamples))
-TruncationMethod = _choices("TruncationMethod", get_args(formats.TruncationMethod))
-ChatTruncation = _choices("ChatTruncation", get_args(formats.ChatTruncation))
-_OLDEST_TURNS = ChatTruncation("oldest-turns")
-OutputFormat = _choices("OutputFormat", get_args(pack_config.OutputFormat))
+from tightpack.errors import TightpackError
+from tightpack.prepare import formats
 
 
 def _default_workers() -> int:
@@ -139,7 +115,7 @@ def pack(
             help="Chat: drop the oldest rounds, then trim user text, keeping the system turn and the last "
             "round (oldest-turns), or cut the end (end)."
         ),
-    ] = _OLDEST_TURNS,
+    ] = OLDEST_TURNS,
     pad_to_max_length: Annotated[
         bool, typer.Option("--pad-to-max-length", help="Record: collate every pack to the full pack size.")
     ] = False,
@@ -232,14 +208,14 @@ def pack(
                 split=split,
             )
     except KeyboardInterrupt:  # click would turn it into a silent exit 130
-        raise _Interrupted(output) from None
+        raise Interrupted(output) from None
     _print_summary(result)
     stdout.print(_next_steps(result, config), markup=False, highlight=False, soft_wrap=True)
     for warning in result.warnings:
         stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
 
-class _Interrupted(Exception):
+class Interrupted(Exception):
     """Ctrl-C during ``pack``: carries the output folder for the message."""
 
 
@@ -332,179 +308,3 @@ def _print_summary(result) -> None:
         stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False, soft_wrap=True)
     if len(result.bad_rows) > 5:
         stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")
-
-
-@app.command()
-def inspect(
-    path: Annotated[
-        str, typer.Argument(help="Packed dataset: folder, Parquet file or glob, or legacy .npy.")
-    ],
-    pack_size: Annotated[
-        int | None, typer.Option(help="Pack size, for the fill ratio when there is no manifest.")
-    ] = None,
-    cost_model: Annotated[
-        str | None,
-        typer.Option(
-            help="Show the spread of pack cost under a cost model: a preset (llama-8b, llama-1b) or a JSON "
-            "file written by CostModel.save."
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-) -> None:
-    """Summarize a packed dataset (ours or Megatron-Bridge's)."""
-    from tightpack.packed_summary import summarize_packed
-
-    summary = summarize_packed(path, pack_size=pack_size, cost_model=cost_model)
-    if as_json:
-        print(json.dumps(summary, indent=2))
-        return
-    table = Table(title=f"packed dataset {summary['path']}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    for key, value in summary.items():
-        if key in ("path", "manifest", "cost"):
-            continue
-        text = (
-            f"{value:.2%}"  # the same form as the summary of `tightpack pack`
-            if key == "efficiency"
-            else f"{value:,.4f}"
-            if isinstance(value, float)
-            else f"{value:,}"
-            if isinstance(value, int)
-            else str(value)
-        )
-        table.add_row(key.replace("_", " "), text)
-    cost = summary.get("cost")
-    if cost:
-        table.add_row("pack cost, mean", f"{cost['mean']:,.4g} {cost['model'].get('unit', '')}".rstrip())
-        table.add_row("pack cost, max / mean", f"{cost['max_over_mean']:.3f}")
-        table.add_row("pack cost, coefficient of variation", f"{cost['cv']:.3f}")
-    manifest = summary.get("manifest")
-    if manifest:
-        settings = manifest["settings"]
-        table.add_row("algorithm", str(settings.get("algorithm", "?")))
-        table.add_row("alignment multiple", str(settings.get("pad_seq_to_mult", "?")))
-        table.add_row("tokenizer", str(manifest["tokenizer"].get("name", "?")))
-        for key, value in manifest["counts"].items():
-            table.add_row(f"count {key.replace('_', ' ')}", f"{value:,}")
-    stdout.print(table)
-
-
-@app.command()
-def verify(
-    path: Annotated[
-        str, typer.Argument(help="Packed dataset: folder, Parquet file or glob, or legacy .npy.")
-    ],
-    pack_size: Annotated[int | None, typer.Option(help="Pack size (default: the manifest's).")] = None,
-    multiple: Annotated[
-        int | None, typer.Option(help="Alignment multiple of every sequence (default: the manifest's).")
-    ] = None,
-    cp: Annotated[int | None, typer.Option(help="Check divisibility for this context parallel size.")] = None,
-    metadata: Annotated[
-        Path | None, typer.Option(help="metadata.json to check (default: the folder's).")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-) -> None:
-    """Check a packed dataset and name every fault with its file, row and sequence.
-
-    Exits 0 when the dataset is clean, 1 when a fault was found, 2 when it cannot be read.
-    """
-    from tightpack.verify import verify_packed
-
-    report = verify_packed(path, pack_size=pack_size, multiple=multiple, cp=cp, metadata=metadata)
-    if as_json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        checked = ", ".join(f"{value:,} {name.replace('_', ' ')}" for name, value in report.checked.items())
-        for violation in report.violations:
-            print(str(violation))
-        hidden = sum(report.counts.values()) - len(report.violations)
-        if hidden:
-            print(f"... and {hidden:,} more (listed per check: {dict(report.counts)})")
-        if report.ok:
-            print(f"OK: {report.path} ({checked})")
-        else:
-            print(f"FAILED: {sum(report.counts.values()):,} faults in {report.path} ({checked})")
-    if not report.ok:
-        raise typer.Exit(1)
-
-
-@app.command()
-def validate(
-    config: Annotated[
-        Path, typer.Argument(help="Training configuration (YAML): train, model, dataset, ... sections.")
-    ],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-) -> None:
-    """Check a training configuration against every packing rule.
-
-    Prints the errors, the warnings and the derived values; exits 1 on an error, 2 on a bad file.
-    """
-    from tightpack.config import load_config
-    from tightpack.config import validate as validate_config
-
-    report = validate_config(load_config(config))
-    print(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
-    if not report.ok:
-        raise typer.Exit(1)
-
-
-def _version(value: bool) -> None:
-    if value:
-        print(f"tightpack {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
-    ] = False,
-) -> None:
-    """Sequence packing for LLM and VLM fine-tuning."""
-
-
-def _signals(*names: str) -> tuple[type[BaseException], ...]:
-    """Typer's exception classes and, where typer still runs on click, click's."""
-    found = [getattr(typer, name) for name in names if hasattr(typer, name)]
-    try:
-        import click.exceptions as click_exceptions
-    except ImportError:
-        return tuple(found)
-    click_names = {"TyperException": "ClickException"}
-    return tuple(found + [getattr(click_exceptions, click_names.get(name, name)) for name in names])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: runs the app, turning user errors into one line and exit status 2."""
-    try:
-        code = app(args=argv, standalone_mode=False)
-    except TightpackError as error:  # one line, whatever a wrapped library message held
-        stderr.print(f"error: {' '.join(str(error).split())}", markup=False, highlight=False, soft_wrap=True)
-        return 2
-    except _signals("Exit") as done:
-        return done.exit_code
-    except _signals("TyperException") as error:
-        if type(error).__name__ == "NoArgsIsHelpError":  # bare `tightpack`: the help is the answer
-            stdout.print(error.format_message(), markup=False, highlight=False)
-            return 2
-        stderr.print(f"error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
-        return 2
-    except OSError as error:  # read-only output, disk full, unwritable folder: the path and the cause
-        sys.stderr.write(f"error: {os_error_message(error)}\n")
-        return 2
-    except _Interrupted as interrupted:
-        sys.stderr.write(
-            f"interrupted: nothing was published; {interrupted.args[0]} is as it was before the run\n"
-        )
-        return 130
-    except (KeyboardInterrupt, *_signals("Abort")):
-        sys.stderr.write("interrupted\n")
-        return 130
-    if code == 130:  # click's own handling of Ctrl-C in the other commands
-        sys.stderr.write("interrupted\n")
-    return code if isinstance(code, int) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
