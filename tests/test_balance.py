@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tightpack.core.balance import deal_balanced, deal_in_order, straggler_overhead
+from tightpack.core.balance import (
+    balanced_steps,
+    deal_balanced,
+    deal_in_order,
+    regroup_generator,
+    straggler_overhead,
+)
 from tightpack.errors import TightpackError
 
 from .conftest import examples
@@ -157,3 +163,68 @@ class TestErrors:
         costs[2] = bad
         with pytest.raises(TightpackError, match=r"finite and >= 0; pack 2 has cost"):
             deal(costs, 2)
+
+
+# --- balanced_steps: packs grouped into steps by cost, then dealt ---------------------------------
+
+
+@st.composite
+def epochs(draw) -> tuple[np.ndarray, int, int]:
+    """An epoch of costs that makes whole steps of ``ranks x per_rank``; ties and zeros included."""
+    ranks, per_rank, steps = draw(st.integers(1, 8)), draw(st.integers(1, 6)), draw(st.integers(1, 8))
+    size = ranks * per_rank * steps
+    cost = st.one_of(st.integers(0, 5).map(float), st.floats(0, 1e6, allow_nan=False, allow_infinity=False))
+    return np.array(draw(st.lists(cost, min_size=size, max_size=size))), ranks, per_rank
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(epochs(), st.integers(0, 2**32 - 1))
+def test_balanced_steps_deal_every_pack_once_within_the_bound(epoch, seed):
+    costs, ranks, per_rank = epoch
+    dealt = balanced_steps(costs, ranks, per_rank, np.random.default_rng(seed))
+    steps = len(costs) // (ranks * per_rank)
+    assert dealt.shape == (steps, ranks, per_rank) and dealt.dtype == np.int64
+    assert sorted(dealt.ravel().tolist()) == list(range(len(costs)))
+    assert (np.diff(dealt, axis=2) > 0).all()  # a rank keeps the order of positions
+    # Every step holds one tier (ranks consecutive costs of the sorted order) of each stratum.
+    ordered = np.sort(costs)[::-1].reshape(per_rank, steps, ranks)
+    widest = (ordered[:, :, 0] - ordered[:, :, -1]).max()
+    loads = costs[dealt].sum(axis=2)
+    for step in range(steps):
+        step_costs = np.sort(costs[dealt[step]].ravel())[::-1].reshape(per_rank, ranks)
+        assert all(any(np.array_equal(row, tier) for tier in ordered[r]) for r, row in enumerate(step_costs))
+    # The LPT bound of deal_balanced, with each round's range at most the widest tier's.
+    slack = 1e-9 * max(1.0, costs.sum())
+    assert (loads.max(axis=1) <= loads.mean(axis=1) + (1 - 1 / ranks) * widest + slack).all()
+
+
+def test_balanced_steps_balance_one_pack_per_rank_where_dealing_cannot():
+    """With one pack per rank a step lasts as long as its heaviest pack: only grouping packs of similar
+    cost into the same step helps, and in-order steps of a long tail lose far more."""
+    rng = np.random.default_rng(0)
+    costs = 1 + np.minimum(rng.pareto(1.5, 64 * 100), 3)
+    in_order = costs.reshape(100, 64)
+    grouped = costs[balanced_steps(costs, 64, 1, np.random.default_rng(1))].sum(axis=2)
+    assert straggler_overhead(in_order) > 0.5
+    assert straggler_overhead(grouped) < 0.01
+
+
+def test_balanced_steps_are_seeded_and_the_generator_is_the_only_randomness():
+    costs = np.random.default_rng(3).random(96)
+    first = balanced_steps(costs, 4, 3, regroup_generator(7, 0))
+    assert np.array_equal(first, balanced_steps(costs, 4, 3, regroup_generator(7, 0)))
+    assert not np.array_equal(first, balanced_steps(costs, 4, 3, regroup_generator(7, 1)))
+
+
+@pytest.mark.parametrize(
+    ("size", "ranks", "per_rank", "match"),
+    [
+        (10, 4, 1, "not divisible by ranks"),
+        (12, 2, 4, "do not make whole steps of 2 ranks x 4 items"),
+        (12, 2, 0, "per_rank must be a positive integer"),
+        (12, 0, 1, "ranks must be a positive integer"),
+    ],
+)
+def test_balanced_steps_errors(size, ranks, per_rank, match):
+    with pytest.raises(TightpackError, match=match):
+        balanced_steps(np.ones(size), ranks, per_rank, np.random.default_rng(0))

@@ -67,10 +67,10 @@ def setups(draw):
 
 @settings(max_examples=examples(50), deadline=None)
 @given(setups())
-def test_each_global_batch_holds_the_packs_of_packed_batch_sampler(setup):
+def test_without_regrouping_each_global_batch_holds_the_packs_of_packed_batch_sampler(setup):
     costs, gbs, dp, drop_last, seed = setup
     kwargs = {"seed": seed, "drop_last": drop_last}
-    balanced = steps(all_ranks(costs, gbs, dp, **kwargs), epochs=3)
+    balanced = steps(all_ranks(costs, gbs, dp, regroup=False, **kwargs), epochs=3)
     reference = steps(in_order_ranks(len(costs), gbs, dp, **kwargs), epochs=3)
     assert len(balanced) == len(reference) > 0
     for step, expected in zip(balanced, reference, strict=True):
@@ -81,11 +81,37 @@ def test_each_global_batch_holds_the_packs_of_packed_batch_sampler(setup):
 
 
 @settings(max_examples=examples(50), deadline=None)
+@given(setups())
+def test_regrouping_keeps_the_packs_of_each_epoch_and_the_padded_last_batch(setup):
+    """Regrouped, the epoch holds PackedBatchSampler's packs (only which step and rank see them
+    changes), every step is GBS / DP packs per rank, and the padded last batch is the same batch."""
+    costs, gbs, dp, drop_last, seed = setup
+    kwargs = {"seed": seed, "drop_last": drop_last}
+    balanced = steps(all_ranks(costs, gbs, dp, **kwargs), epochs=3)
+    reference = steps(in_order_ranks(len(costs), gbs, dp, **kwargs), epochs=3)
+    assert len(balanced) == len(reference) > 0
+    per_epoch = len(balanced) // 3
+    for epoch in range(3):
+        got = balanced[epoch * per_epoch : (epoch + 1) * per_epoch]
+        expected = reference[epoch * per_epoch : (epoch + 1) * per_epoch]
+        flat = sorted(i for step in got for rank in step for i in rank)
+        assert flat == sorted(i for step in expected for rank in step for i in rank)
+        assert all(len(rank) == gbs // dp for step in got for rank in step)
+        real = [i for i in flat if i >= 0]
+        assert len(real) == len(set(real))  # each pack at most once per epoch
+        if not drop_last and len(costs) % gbs:  # the padded batch: last, same packs
+            assert sorted(i for rank in got[-1] for i in rank) == sorted(
+                i for rank in expected[-1] for i in rank
+            )
+
+
+@settings(max_examples=examples(50), deadline=None)
 @given(setups(), st.data())
 def test_resume_from_consumed_samples_yields_the_continuation(setup, data):
     costs, gbs, dp, drop_last, seed = setup
     rank = data.draw(st.integers(0, dp - 1))
     kwargs = {"seed": seed, "drop_last": drop_last, "data_parallel_rank": rank, "data_parallel_size": dp}
+    kwargs["regroup"] = data.draw(st.booleans())
     full = BalancedPackedBatchSampler(costs, global_batch_size=gbs, **kwargs)
     per_epoch = len(full)
     stream = list(full) + list(full)  # two epochs

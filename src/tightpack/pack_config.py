@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from tightpack.core.alignment import alignment_multiple, length_cap
+from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.formats import FormatConfig
@@ -27,6 +28,9 @@ class PackConfig:
         tp, cp, sp: tensor/context parallel sizes and sequence parallelism, for the derived m.
         algorithm: planner algorithm (`tightpack.core.planner.ALGORITHMS`).
         seed: seed of the planner's shuffle (``first_fit_shuffle``).
+        balance_costs: a cost model (preset name such as ``llama-8b`` or a JSON file, see
+            `tightpack.core.cost_model.CostModel.resolve`): rewrite the plan so pack costs spread less
+            (`tightpack.core.balanced_plan`; at most 0.1% more packs). None keeps the planner's packs.
         long_samples: samples with runtime length above the cap: ``truncate`` cuts them to
             ``cap + 1`` stored tokens as `tightpack.core.truncation` says (by default the prompt is
             trimmed and the answer kept; ``format`` chooses the fields, side and chat policy),
@@ -50,6 +54,7 @@ class PackConfig:
     sp: bool = False
     algorithm: str = "bfd"
     seed: int = 0
+    balance_costs: str | None = None
     long_samples: LongSamples = "truncate"
     pad_to_max_length: bool = False
     pad_cu_seqlens: bool = False
@@ -69,6 +74,11 @@ class PackConfig:
     @property
     def cap(self) -> int:
         return length_cap(self.max_seq_length or self.packed_sequence_size, self.multiple)
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        """The cost model of ``balance_costs``, resolved; None without one."""
+        return None if self.balance_costs is None else CostModel.resolve(self.balance_costs)
 
     def validate(self) -> None:
         """Check every setting before any work; raises `TightpackError` naming the setting and the fix."""
@@ -90,6 +100,8 @@ class PackConfig:
             raise TightpackError("give either --pad-seq-to-mult or --tp/--cp/--sp, not both")
         check_choice("--algorithm", self.algorithm, tuple(ALGORITHMS))
         check_choice("--long-samples", self.long_samples, get_args(LongSamples))
+        if self.balance_costs is not None:
+            self.cost_model  # noqa: B018 - raises on an unknown preset or a bad file
         if self.pad_to_max_length and size % self.multiple:
             raise TightpackError(
                 f"--pad-to-max-length pads every pack to --pack-size {size}, which is not a multiple of the "
@@ -116,4 +128,6 @@ class PackConfig:
         values.update(
             pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size
         )
+        if self.balance_costs is not None:  # the coefficients, not a path that may change or vanish
+            values["balance_costs"] = self.cost_model.to_dict()
         return values

@@ -34,10 +34,10 @@ import numpy as np
 
 from tightpack import __version__
 from tightpack.core import legacy_npy
-from tightpack.core.alignment import aligned_lengths
+from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.checksums import file_digest
+from tightpack.core.cost_model import cost_spread
 from tightpack.core.packed_parquet import (
-    Overlay,
     default_row_group_size,
     gather_packs,
     write_packed_parquet,
@@ -46,8 +46,7 @@ from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
 from tightpack.core.store_cache import StoreCache, claim
-from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore, TokenStoreWriter
-from tightpack.core.truncation import REASONS, plan_truncation
+from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore
 from tightpack.errors import TightpackError
 from tightpack.output_folder import (
     MANIFEST_FORMAT,
@@ -63,11 +62,11 @@ from tightpack.pack_config import PackConfig
 from tightpack.prepare.sources import open_sources
 from tightpack.prepare.tokenize import BadRow, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
+from tightpack.sample_accounting import account_samples
 
 __all__ = ["MANIFEST_NAME", "METADATA_NAME", "PackConfig", "PackResult", "Progress", "pack_dataset"]
 
 _CHUNK_ROWS = 512  # rows per tokenization chunk; fixed, so the output does not depend on --workers
-_SUM_CHUNK_TOKENS = 1 << 24
 
 
 class Progress(Protocol):
@@ -102,6 +101,9 @@ class PackResult:
     bad_rows: list[BadRow]
     reused_store: bool = False
     warnings: list[str] = field(default_factory=list)
+    cost_balance: dict[str, Any] | None = None
+    """With ``balance_costs``: the pack cost spread (`cost_spread`) and pack count of the planner's plan
+    (``before``) and of the balanced one (``after``)."""
 
 
 def pack_dataset(
@@ -148,6 +150,7 @@ def _pack(
     """`pack_dataset` once the output folder is held and checked (``target``: resolved ``output``)."""
     times: dict[str, float] = {}
     notes: list[str] = []
+    cost_balance = None
     with _stage("load", None, _NoProgress(), times):
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         sources = open_sources(inputs, split=split)
@@ -161,7 +164,7 @@ def _pack(
         store = report.store
 
         with _stage("plan", 1, progress, times):
-            counts, keep, aligned, excluded, overlay = _account(store, config, report, staging)
+            counts, keep, aligned, excluded, overlay = account_samples(store, config, report, staging)
             if counts["samples_in"] == 0:
                 names = ", ".join(source.name for source in sources)
                 raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
@@ -174,6 +177,8 @@ def _pack(
             local_plan = plan_packs(
                 aligned[kept], config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed
             )
+            if config.balance_costs is not None:
+                local_plan, cost_balance = _balance(local_plan, aligned[kept], config)
             plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
             stats = pack_stats(plan, aligned, config.packed_sequence_size)
             progress.advance(1)
@@ -190,7 +195,20 @@ def _pack(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return PackResult(output, counts, stats, times, files, report.bad_rows, report.reused, notes)
+    return PackResult(
+        output, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance
+    )
+
+
+def _balance(plan: PackPlan, lengths: np.ndarray, config: PackConfig) -> tuple[PackPlan, dict[str, Any]]:
+    """The plan rewritten by `balance_pack_costs` under ``config.balance_costs``, and the spread of pack
+    cost before and after (``PackResult.cost_balance``)."""
+    model = config.cost_model
+    balanced = balance_pack_costs(plan, lengths, config.packed_sequence_size, model)
+    report = {"model": config.balance_costs}
+    for key, which in (("before", plan), ("after", balanced)):
+        report[key] = {"packs": len(which), **asdict(cost_spread(model.pack_costs(which, lengths)))}
+    return balanced, report
 
 
 def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
@@ -303,125 +321,6 @@ def _input_paths(inputs) -> list[Path]:
     if isinstance(inputs, (list, tuple)):
         return [Path(item) for item in inputs if isinstance(item, (str, Path))]
     return []
-
-
-def _label_supervised(store: TokenStore, stored: np.ndarray) -> np.ndarray:
-    """Label-aligned supervised tokens of every sample: ``sum(mask[1:n])`` (token 0 is never a
-    target), int64 ``[num_samples]``, a bounded number of tokens at a time."""
-    n = len(store)
-    whole = np.zeros(n, np.int64)
-    offsets = store.offsets
-    first = 0
-    while first < n:
-        stop = max(
-            first + 1, int(np.searchsorted(offsets, offsets[first] + _SUM_CHUNK_TOKENS, side="right")) - 1
-        )
-        stop = min(stop, n)
-        base = offsets[first]
-        cumulative = np.zeros(offsets[stop] - base + 1, dtype=np.int64)
-        np.cumsum(store.loss_mask[base : offsets[stop]], out=cumulative[1:])
-        starts = offsets[first:stop] - base
-        whole[first:stop] = (
-            cumulative[starts + stored[first:stop]]
-            - cumulative[np.minimum(starts + 1, starts + stored[first:stop])]
-        )
-        first = stop
-    return whole
-
-
-def _account(store: TokenStore, config: PackConfig, report, staging: Path):
-    """Apply the long-sample policy and the no-supervision rule; count everything.
-
-    Returns counts, the samples kept (bool ``[num_samples]``), their aligned lengths, the excluded
-    source rows by reason, and the overlay of truncated samples (or None).
-    """
-    stored = store.lengths
-    runtime = stored - 1
-    cap = config.cap
-    long = runtime > cap
-    if long.any() and config.long_samples == "error":
-        first = int(np.flatnonzero(long)[0])
-        raise TightpackError(
-            f"{int(long.sum())} samples are longer than the cap of {cap} tokens (first: source row "
-            f"{int(store.source_index[first])}, {int(runtime[first])} tokens); use --long-samples "
-            "truncate|drop or a larger --pack-size/--max-seq-length"
-        )
-    dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
-    truncated = long & ~dropped_long
-    supervised_whole = _label_supervised(store, stored)
-    supervised_kept = supervised_whole.copy()
-    real = np.minimum(runtime, cap)
-    overlay, reasons = None, np.zeros(0, np.uint8)
-    if truncated.any():
-        cut = plan_truncation(
-            store.offsets, np.flatnonzero(truncated), cap + 1, store.segments, config.format.truncation_method
-        )
-        overlay = _write_overlay(store, cut, staging / "_truncated")
-        supervised_kept[cut.samples] = _label_supervised(overlay.store, overlay.store.lengths)
-        real[cut.samples] = overlay.store.lengths - 1
-        reasons = cut.reasons
-    no_supervised = ~dropped_long & (supervised_kept == 0)
-    lost_to_truncation = no_supervised & (supervised_whole > 0)
-    keep = ~dropped_long & ~no_supervised
-    aligned = aligned_lengths(real, config.multiple, cap)
-    truncated_rows = np.flatnonzero(truncated)
-    kept_truncated = keep[truncated_rows]
-    by_reason = {
-        reason: store.source_index[truncated_rows[kept_truncated & (reasons == code)]].tolist()
-        for code, reason in enumerate(REASONS)
-    }
-    counts = {
-        "samples_in": report.rows_read,
-        "bad_rows": len(report.bad_rows),
-        "tokenized": len(store),
-        "packed": int(keep.sum()),
-        "truncated": int((truncated & keep).sum()),
-        **{f"truncated_{reason}": len(rows) for reason, rows in by_reason.items()},
-        "dropped_long": int(dropped_long.sum()),
-        "no_supervised": int(no_supervised.sum()),
-        "no_supervised_in_source": int((no_supervised & ~lost_to_truncation).sum()),
-        "no_supervised_after_truncation": int(lost_to_truncation.sum()),
-        "texts_cut_before_tokenizing": report.texts_cut,
-        "tokens_in": int(runtime.sum()),
-        "tokens_packed": int(real[keep].sum()),
-        "tokens_lost": int(runtime.sum() - real[keep].sum()),
-        "supervised_in": int(supervised_whole.sum()),
-        "supervised_packed": int(supervised_kept[keep].sum()),
-        "supervised_lost": int(supervised_whole.sum() - supervised_kept[keep].sum()),
-        "alignment_padding": int((aligned - real)[keep].sum()),
-    }
-    excluded = {
-        "truncated": store.source_index[truncated & keep].tolist(),
-        "truncated_by_reason": by_reason,
-        "dropped_long": store.source_index[dropped_long].tolist(),
-        "no_supervised": store.source_index[no_supervised].tolist(),
-        "no_supervised_after_truncation": store.source_index[lost_to_truncation].tolist(),
-    }
-    return counts, keep, aligned, excluded, overlay
-
-
-def _write_overlay(store: TokenStore, cut, directory: Path) -> Overlay:
-    """The truncated samples as a token store of their own (the kept ranges of each, back to back),
-    written a bounded number of tokens at a time."""
-    writer = TokenStoreWriter(directory)
-    kept = cut.stops - cut.starts
-    per_sample = np.add.reduceat(kept, cut.range_offsets[:-1])
-    ends = np.cumsum(per_sample)
-    first = 0
-    while first < len(cut.samples):
-        base = ends[first - 1] if first else 0
-        stop = max(first + 1, int(np.searchsorted(ends, base + _SUM_CHUNK_TOKENS, side="right")))
-        ranges = slice(cut.range_offsets[first], cut.range_offsets[stop])
-        lengths = kept[ranges]
-        source = np.repeat(cut.starts[ranges] - (np.cumsum(lengths) - lengths), lengths)
-        source += np.arange(int(lengths.sum()))
-        writer.append(
-            store.tokens[source], store.loss_mask[source], per_sample[first:stop], cut.samples[first:stop]
-        )
-        first = stop
-    index = np.full(len(store), -1, dtype=np.int64)
-    index[cut.samples] = np.arange(len(cut.samples))
-    return Overlay(writer.close(), index)
 
 
 def _write(

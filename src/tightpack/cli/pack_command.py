@@ -84,6 +84,13 @@ def pack(
         typer.Option(help='Prompt template, ending with the output key (default "{input} {output}").'),
     ] = None,
     algorithm: Annotated[Algorithm, typer.Option(help="Packing algorithm.")] = Algorithm.bfd,
+    balance_costs: Annotated[
+        str | None,
+        typer.Option(
+            help="Spread pack compute evenly under a cost model (llama-8b, llama-1b, or a JSON file from "
+            "tightpack calibrate): moves sequences between packs, at most 0.1% more packs."
+        ),
+    ] = None,
     pad_seq_to_mult: Annotated[
         int | None, typer.Option(help="Per-sequence alignment multiple (or derive it from --tp/--cp/--sp).")
     ] = None,
@@ -175,6 +182,7 @@ def pack(
         sp=sp,
         algorithm=algorithm.value,
         seed=seed,
+        balance_costs=balance_costs,
         long_samples=long_samples.value,
         pad_to_max_length=pad_to_max_length,
         pad_cu_seqlens=pad_cu_seqlens,
@@ -210,6 +218,16 @@ def pack(
     except KeyboardInterrupt:  # click would turn it into a silent exit 130
         raise Interrupted(output) from None
     _print_summary(result)
+    if result.cost_balance:
+        before, after = result.cost_balance["before"], result.cost_balance["after"]
+        stdout.print(
+            f"pack cost under {result.cost_balance['model']}: coefficient of variation {before['cv']:.4f} -> "
+            f"{after['cv']:.4f}, max / mean {before['max_over_mean']:.3f} -> {after['max_over_mean']:.3f}, "
+            f"packs {before['packs']:,} -> {after['packs']:,}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     stdout.print(_next_steps(result, config), markup=False, highlight=False, soft_wrap=True)
     for warning in result.warnings:
         stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)

@@ -16,7 +16,10 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = ["deal_balanced", "deal_in_order", "straggler_overhead"]
+__all__ = ["balanced_steps", "deal_balanced", "deal_in_order", "regroup_generator", "straggler_overhead"]
+
+_REGROUP_STREAM = 1
+"""Third word of the regrouping generator's seed: ``(seed, epoch)`` alone seeds the samplers' shuffle."""
 
 
 def _check(costs: np.ndarray, ranks: int) -> np.ndarray:
@@ -133,6 +136,82 @@ def deal_balanced(costs: np.ndarray, ranks: int) -> np.ndarray:
     dealt = np.empty((ranks, per_rank), dtype=np.int64)
     dealt[owners, np.arange(per_rank)[:, None]] = rounds
     dealt.sort(axis=1)
+    return dealt
+
+
+def regroup_generator(seed: int, epoch: int) -> np.random.Generator:
+    """The generator `balanced_steps` deals tiers with, for a sampler's ``(seed, epoch)``.
+
+    Independent of the samplers' shuffle (``np.random.default_rng((seed, epoch))``), so regrouping
+    never changes which packs an epoch holds.
+    """
+    return np.random.default_rng((seed, epoch, _REGROUP_STREAM))
+
+
+def balanced_steps(costs: np.ndarray, ranks: int, per_rank: int, rng: np.random.Generator) -> np.ndarray:
+    """Group items into steps by cost, then deal each step to ranks: every rank of a step equally loaded.
+
+    Dealing one given global batch (`deal_balanced`) cannot help when a rank gets few packs: with
+    ``per_rank`` 1 the step lasts as long as its heaviest pack. This chooses which packs share a step
+    too. Sort the items heaviest first (ties by position) and cut the order into ``per_rank`` strata of
+    ``steps * ranks`` items; each stratum into ``steps`` *tiers* of ``ranks`` consecutive items (near
+    equal costs). Every step takes one tier of every stratum (tiers dealt to steps by a permutation of
+    ``rng`` per stratum), and gets them with equal-count LPT: round ``r`` deals stratum ``r``'s tier,
+    its heaviest item to the rank that is lightest so far. A step is thus a stratified sample of the
+    cost distribution (one tier from each stratum), not a draw of similar packs, except with
+    ``per_rank`` 1 where a step is one tier. Within a tier the costs differ by one gap of the sorted
+    order, so with the bound of `deal_balanced` every rank of a step is within
+    ``(1 - 1/DP) * max_r (range of its tier r)`` of the step's mean.
+
+    Vectorized over steps: one sort of all costs, then ``per_rank`` rounds of one argsort of the
+    ``[steps, ranks]`` loads.
+
+    Args:
+        costs: float ``[steps * ranks * per_rank]``, finite and ``>= 0``; positions usually follow a
+            seeded permutation, so ties are broken at random.
+        ranks: the data-parallel size ``DP``.
+        per_rank: items per rank per step (``GBS / DP`` packs, or micro-batches per step).
+        rng: the generator dealing tiers to steps.
+
+    Returns:
+        int64 ``[steps, ranks, per_rank]``: the positions (into ``costs``) of each rank's items per step,
+        sorted by position within a rank.
+
+    Eight packs, two ranks, two each: two steps. The strata are {9, 8, 5, 5} and {2, 1, 1, 0}, their
+    tiers (9, 8), (5, 5), (2, 1), (1, 0); each step gets a tier of each stratum, each rank one pack of
+    each tier, the heavier tier's lighter pack with the lighter tier's heavier one:
+
+    >>> costs = np.array([9.0, 1.0, 5.0, 2.0, 8.0, 0.0, 5.0, 1.0])
+    >>> steps = balanced_steps(costs, ranks=2, per_rank=2, rng=np.random.default_rng(0))
+    >>> costs[steps].sum(axis=2).tolist()
+    [[10.0, 10.0], [6.0, 5.0]]
+    """
+    costs = _check(costs, ranks)
+    if isinstance(per_rank, bool) or not isinstance(per_rank, (int, np.integer)) or per_rank < 1:
+        raise TightpackError(
+            f"per_rank must be a positive integer (items per rank per step), got {per_rank!r}"
+        )
+    if costs.size % (ranks * per_rank):
+        raise TightpackError(
+            f"{costs.size} items do not make whole steps of {ranks} ranks x {per_rank} items; "
+            "pass only the items of whole steps"
+        )
+    steps = costs.size // (ranks * per_rank)
+    tiers = _heaviest_first(costs).reshape(per_rank, steps, ranks)
+    # [steps, per_rank, ranks]: step s takes tier order_r[s] of stratum r, a random permutation per stratum
+    chosen = np.stack([tiers[r, rng.permutation(steps)] for r in range(per_rank)], axis=1)
+    holders = np.broadcast_to(np.arange(ranks), (steps, ranks)).copy()
+    loads = np.zeros((steps, ranks), dtype=np.float64)
+    owners = np.empty((steps, per_rank, ranks), dtype=np.int64)
+    for r in range(per_rank):
+        lightest_first = np.argsort(loads, axis=1, kind="stable")
+        holders = np.take_along_axis(holders, lightest_first, axis=1)
+        loads = np.take_along_axis(loads, lightest_first, axis=1) + costs[chosen[:, r]]
+        owners[:, r] = holders
+    dealt = np.empty((steps, ranks, per_rank), dtype=np.int64)
+    step_index = np.arange(steps)[:, None, None]
+    dealt[step_index, owners, np.arange(per_rank)[None, :, None]] = chosen
+    dealt.sort(axis=2)
     return dealt
 
 

@@ -176,14 +176,25 @@ def _plan_from_bins(bins: np.ndarray, n_bins: int, items: np.ndarray | None) -> 
     return PackPlan(order=order if items is None else items[order], offsets=offsets)
 
 
-def _first_fit_in_order(lengths: np.ndarray, pack_size: int, items: np.ndarray | None = None) -> PackPlan:
+def first_fit_bins(lengths: np.ndarray, pack_size: int) -> tuple[np.ndarray, int]:
+    """Leftmost-bin first fit in input order: the bin of each item, int64 ``[n]``, and the bin count.
+
+    Bins are numbered in the order they open. Lengths must be in ``0..pack_size`` (unchecked).
+
+    >>> bins, count = first_fit_bins(np.array([6, 5, 4, 3]), 10)
+    >>> bins.tolist(), count
+    ([0, 1, 0, 1], 2)
+    """
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     # First fit never leaves two bins at most half full, so 2 * ceil(total / pack_size) + 1 bounds
     # the number of bins and sizes the segment tree.
     max_bins = min(len(lengths), 2 * math.ceil(int(lengths.sum()) / pack_size) + 2)
     bins = np.empty(len(lengths), dtype=np.int64)
-    n_bins = _firstfit.first_fit(lengths, pack_size, bins, max_bins)
-    return _plan_from_bins(bins, n_bins, items)
+    return bins, _firstfit.first_fit(lengths, pack_size, bins, max_bins)
+
+
+def _first_fit_in_order(lengths: np.ndarray, pack_size: int, items: np.ndarray | None = None) -> PackPlan:
+    return _plan_from_bins(*first_fit_bins(lengths, pack_size), items)
 
 
 def _first_fit(lengths: np.ndarray, pack_size: int, seed: int, longest: int) -> PackPlan:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tightpack.core import legacy_npy
-from tightpack.core.balance import deal_balanced
+from tightpack.core.balance import balanced_steps, deal_balanced, regroup_generator
 from tightpack.core.cost_model import CostModel
 from tightpack.core.packed_index import PackedIndex
 from tightpack.core.row_costs import row_pack_costs
@@ -59,25 +59,35 @@ def pack_costs(dataset: PackedDataset, cost_model: CostModel | str | os.PathLike
 
 
 class BalancedPackedBatchSampler(PackedBatchSampler):
-    """One data-parallel rank's dataset indices per global batch, dealt by cost (a ``batch_sampler``).
+    """One data-parallel rank's dataset indices per global batch, balanced by cost (a ``batch_sampler``).
 
     Same contract as ``PackedBatchSampler(len(pack_costs), dataloader_type="batch",
-    micro_batch_size=1, ...)``: per epoch the permutation of ``np.random.default_rng((seed, epoch))``,
-    cut into global batches of ``global_batch_size`` positions; the last one dropped, or with
-    ``drop_last=False`` padded with ``-1`` (a padding row: the last index with no loss, costed as that
-    index); ``consumed_samples`` counts
-    the samples of all ranks and advances as it yields, so a new sampler from a checkpoint's
-    ``consumed_samples`` continues exactly. Only the dealing differs: `deal_balanced` on the costs of
-    the batch's packs. It depends only on the costs and the batch, so every rank computes the same
-    dealing. Each rank keeps the permutation's order among its own packs. Micro-batches hold one pack
-    each (the offline path needs ``micro_batch_size`` 1), so a rank's ``GBS / DP`` indices are its
-    micro-batches of that step.
+    micro_batch_size=1, ...)``: per epoch the permutation of ``np.random.default_rng((seed, epoch))``
+    decides which packs the epoch's global batches hold (the last ``total % GBS`` dropped, or with
+    ``drop_last=False`` a last global batch padded with ``-1``: a padding row, the last index with no
+    loss, costed as that index); ``consumed_samples`` counts the samples of all ranks and advances as
+    it yields, so a new sampler from a checkpoint's ``consumed_samples`` continues exactly. Each rank
+    keeps the permutation's order among its own packs. Micro-batches hold one pack each (the offline
+    path needs ``micro_batch_size`` 1), so a rank's ``GBS / DP`` indices are its micro-batches of a
+    step. The balancing depends only on the costs, the seed and the epoch, so every rank computes the
+    same one.
+
+    What differs is how the packs of the epoch are grouped and dealt:
+
+    - ``regroup=True`` (default): `tightpack.core.balance.balanced_steps` groups the epoch's packs into
+      global batches by cost, each a stratified sample of the epoch's pack costs, and deals each so
+      that every rank carries the same cost within a tier's spread. This is what keeps ranks balanced
+      when each holds few packs per step (``GBS / DP`` of 1 to 4). The order of the global batches is
+      seeded and random; the set of packs of the epoch is the same as ``PackedBatchSampler``'s.
+    - ``regroup=False``: the global batches are ``PackedBatchSampler``'s, pack for pack; only their
+      dealing changes (`tightpack.core.balance.deal_balanced`, equal-count LPT).
 
     Args:
         pack_costs: float ``[total_samples]``, the cost of each dataset index (see `pack_costs`);
             finite and ``>= 0``.
         global_batch_size: packs per global batch, all ranks together; a multiple of
             ``data_parallel_size``.
+        regroup: group packs into global batches by cost (see above), or keep today's global batches.
 
     Raises:
         TightpackError: costs that are not 1-D, empty, negative or non-finite; a global batch size
@@ -105,6 +115,7 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
         consumed_samples: int = 0,
         seed: int = 0,
         drop_last: bool = True,
+        regroup: bool = True,
     ) -> None:
         costs = np.asarray(pack_costs)
         if costs.ndim != 1 or costs.size == 0:
@@ -145,8 +156,19 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
             drop_last=drop_last,
         )
         self.pack_costs = costs
+        self.regroup = bool(regroup)
 
     def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
+        whole_steps = self.total_samples // self.step
+        if self.regroup and offset < whole_steps * self.step:
+            order = self._permutation(self.total_samples, epoch)[: whole_steps * self.step]
+            rng = regroup_generator(self.seed, epoch)
+            steps = balanced_steps(self.pack_costs[order], self.ranks, self.step // self.ranks, rng)
+            mine = order[steps[:, self.rank]]  # [steps, GBS / DP]
+            # A consumed_samples inside a global batch (never written by this sampler) skips that batch.
+            for indices in mine[-(-offset // self.step) :]:
+                yield indices.tolist()
+            offset = whole_steps * self.step  # what is left is the padded last global batch, if any
         for positions in self._global_batches(epoch, offset):
             # A padding position -1 is `PackedDataset`'s index -1: the last index's tokens with no loss,
             # which cost the same compute, so it is costed as that index.

@@ -33,6 +33,19 @@ tight at once and all that fit are forced, so one step may force several; only t
 for the bound (forcing the others can cost fill: ``tests/test_online_forcing.py`` works an example).
 ``counts`` reports ``forced`` samples, ``forced_packs`` and ``multi_forced_packs`` (two or more).
 
+The cost cap (``OnlinePackConfig.cost_model`` and ``max_pack_cost``). A pack's cost is the sum of its
+members' costs at their aligned lengths (the lengths the token limit counts); with a cap, no pack
+costs more than it, except a pack of one sample whose cost alone exceeds it. Both strategies take a
+candidate only where its tokens and its cost fit: ``ffd`` is first-fit decreasing under both limits;
+``best_fill`` forces tight samples and tops up under both (`tightpack.core.capped_fill.capped_subset`:
+the fullest fill when the fullest token fill fits the cap, a repair-and-refill heuristic otherwise).
+The deadline bound needs only the first rule above, and the cap keeps it: the first tight sample
+enters the empty pack whatever its cost, later tight ones and the top-up must fit both limits, and
+every other step of the argument is about samples left out. A sample above the cap leaves alone:
+under ``ffd`` in a group of its own; under ``best_fill`` when forced, or earlier when it alone holds
+more tokens than the best capped pack of the others. The selection of both strategies lives in
+`tightpack.runtime.online_select`.
+
 Inside a ``DataLoader`` with workers, worker ``w`` of ``W`` on data-parallel rank ``r`` of ``R`` packs
 its own shard: the samples at positions ``r * W + w`` modulo ``R * W`` of the stream.
 
@@ -47,29 +60,24 @@ count) or other data (a restored sample of another length, or another ``data_id`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tightpack.core.alignment import ceil_to_multiple, length_cap
-from tightpack.core.planner import plan_packs
-from tightpack.core.subset_fill import best_subset
 from tightpack.errors import TightpackError
 from tightpack.runtime.in_batch import pack_samples
 from tightpack.runtime.online_config import OnlinePackConfig
+from tightpack.runtime.online_select import (
+    Candidate,
+    best_fill,
+    by_deadline,
+    closed_by_cost,
+    ffd_groups,
+    group_cost,
+)
 
 __all__ = ["OnlinePackConfig", "OnlinePacker"]
-
-
-@dataclass
-class _Candidate:
-    key: Any
-    sample: dict[str, Any]
-    length: int  # aligned length
-    arrival: int  # step at which it entered the buffer
-    tokens: int  # length as read, before truncation and alignment
-    nbytes: int  # host memory held by its tensors
 
 
 class OnlinePacker(torch.utils.data.IterableDataset):
@@ -96,6 +104,13 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     (steps, summed over samples) and ``max_wait``, ``held_bytes`` and ``peak_held_bytes`` (host memory
     of the buffer), and for ``best_fill`` ``forced`` (samples forced in by their deadline),
     ``forced_packs`` (packs holding one) and ``multi_forced_packs`` (packs holding two or more).
+    With a cost cap (``config.max_pack_cost``) also, in the cost model's unit, ``cost`` (summed over
+    packs; ``mean_pack_cost`` is its mean, as ``mean_wait`` is for waits) and ``max_pack_cost`` (the
+    costliest pack), and ``over_cap_samples`` (samples whose cost alone exceeds the cap: each left
+    alone) and ``capped_packs``: packs the cap closed, i.e. when the pack was formed, a sample left
+    waiting for a later pack (in the buffer, or in a later ``ffd`` group of the same buffer) would have
+    fit its remaining tokens but not its remaining cost. Without a cap no such sample exists: both
+    strategies fill every pack until nothing waiting fits its tokens.
 
     >>> samples = [{"key": i, "input_ids": torch.arange(n)} for i, n in enumerate([5, 3, 4, 2])]
     >>> config = OnlinePackConfig(pack_size=8, packing_buffer_size=4)
@@ -124,6 +139,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             raise TightpackError(f"rank ({rank}) must be in [0, world_size={world_size})")
         self.source, self.restore, self.pack_fn = source, restore, pack_fn
         self.config = config
+        self.cost_model = config.resolved_cost_model  # None without a cost cap
         self.rank, self.world_size = rank, world_size
         self._resumed_shard: tuple[int, int] | None = None
         self._reset()
@@ -132,8 +148,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self.consumed = 0  # samples of this shard read from the source
         self.step = 0  # packs emitted
         self.exhausted = False
-        self.buffer: list[_Candidate] = []
-        self.pending: list[list[_Candidate]] = []
+        self.buffer: list[Candidate] = []
+        self.pending: list[list[Candidate]] = []
         self.counts = {
             "samples": 0,
             "packs": 0,
@@ -148,6 +164,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             "forced_packs": 0,
             "multi_forced_packs": 0,
         }
+        if self.cost_model is not None:
+            self.counts |= {"cost": 0.0, "max_pack_cost": 0.0, "capped_packs": 0, "over_cap_samples": 0}
 
     def shard(self) -> tuple[int, int]:
         """``(shard, shards)`` of the calling process: data-parallel rank and DataLoader worker."""
@@ -157,7 +175,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     # -- reading ------------------------------------------------------------------------------------
 
-    def _admit(self, sample: dict[str, Any], arrival: int, *, count: bool = True) -> _Candidate | None:
+    def _admit(self, sample: dict[str, Any], arrival: int, *, count: bool = True) -> Candidate | None:
         """The candidate of a sample, after the long-sample policy (counted unless ``count`` is False)."""
         size, multiple = self.config.pack_size, self.config.pad_to_multiple_of
         tokens = length = len(sample["input_ids"])
@@ -177,9 +195,11 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             }
             length = keep
         nbytes = sum(v.nbytes for v in sample.values() if isinstance(v, torch.Tensor))
-        return _Candidate(sample["key"], sample, ceil_to_multiple(length, multiple), arrival, tokens, nbytes)
+        aligned = ceil_to_multiple(length, multiple)
+        cost = 0.0 if self.cost_model is None else float(self.cost_model.sequence_costs([aligned])[0])
+        return Candidate(sample["key"], sample, aligned, arrival, tokens, nbytes, cost)
 
-    def _hold(self, candidate: _Candidate) -> None:
+    def _hold(self, candidate: Candidate) -> None:
         self.buffer.append(candidate)
         self.counts["held_bytes"] += candidate.nbytes
         self.counts["peak_held_bytes"] = max(self.counts["peak_held_bytes"], self.counts["held_bytes"])
@@ -198,58 +218,25 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     # -- selection ----------------------------------------------------------------------------------
 
-    def _ffd_groups(self) -> list[list[_Candidate]]:
-        plan = plan_packs([c.length for c in self.buffer], self.config.pack_size, algorithm="ffd")
-        groups = [[self.buffer[i] for i in pack.tolist()] for pack in plan]
-        self.buffer = []
-        return groups
-
-    def _by_deadline(self) -> list[tuple[int, _Candidate]]:
-        """``(slack, candidate)`` for the buffer in deadline order: the list index is the rank."""
-        by_deadline = sorted(self.buffer, key=lambda c: (c.arrival, str(c.key)))
-        return [(c.arrival + self.config.wait_limit - self.step, c) for c in by_deadline]
-
-    def _best_fill(self) -> list[_Candidate]:
-        by_deadline = self._by_deadline()
-        chosen, room = [], self.config.pack_size
-        for rank, (slack, candidate) in enumerate(by_deadline):
-            # The invariant of the module docstring, slack >= rank, is what guarantees every deadline;
-            # checking it costs one comparison per candidate.
-            if slack < rank:
-                raise RuntimeError(
-                    f"online packer invariant broken at step {self.step}: sample {candidate.key!r} has "
-                    f"{slack} steps left before its deadline but {rank} samples due no later ahead of it, "
-                    "so its max_wait can no longer be guaranteed; this is a bug in tightpack, please "
-                    "report it"
-                )
-            # Tight (slack == rank): forced if it fits. The first tight one goes into an empty pack, so it
-            # always fits; a later one left out is fine: an earlier-ranked one leaves, so its rank drops
-            # by at least one as its slack drops by one.
-            if slack == rank and candidate.length <= room:
-                chosen.append(candidate)
-                room -= candidate.length
-        if chosen:
-            self.counts["forced"] += len(chosen)
+    def _best_fill(self) -> list[Candidate]:
+        config = self.config
+        chosen, forced = best_fill(
+            self.buffer, self.step, config.wait_limit, config.pack_size, config.max_pack_cost
+        )
+        if forced:
+            self.counts["forced"] += forced
             self.counts["forced_packs"] += 1
-            self.counts["multi_forced_packs"] += len(chosen) > 1
+            self.counts["multi_forced_packs"] += forced > 1
         taken = {id(c) for c in chosen}
-        oldest = next((c for _, c in by_deadline if id(c) not in taken and c.length <= room), None)
-        if oldest is not None:
-            rest = sorted(
-                (c for c in self.buffer if id(c) not in taken and c.length <= room),
-                key=lambda c: (c.length, c.arrival, str(c.key)),
-            )
-            best = best_subset([c.length for c in rest], room, first=rest.index(oldest))
-            taken.update(id(rest[i]) for i in best)
-        chosen = [c for c in self.buffer if id(c) in taken]  # members in arrival order
         self.buffer = [c for c in self.buffer if id(c) not in taken]
         return chosen
 
-    def _next_group(self, stream_open: bool) -> list[_Candidate] | None:
+    def _next_group(self, stream_open: bool) -> list[Candidate] | None:
         full = len(self.buffer) >= self.config.packing_buffer_size
         if self.config.strategy == "ffd":
             if not self.pending and (full or not stream_open) and self.buffer:
-                self.pending = self._ffd_groups()
+                self.pending = ffd_groups(self.buffer, self.config.pack_size, self.config.max_pack_cost)
+                self.buffer = []
             return self.pending.pop(0) if self.pending else None
         if full or (not stream_open and self.buffer):
             return self._best_fill()
@@ -257,7 +244,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     # -- emission -----------------------------------------------------------------------------------
 
-    def _pack(self, group: list[_Candidate]) -> dict[str, Any]:
+    def _pack(self, group: list[Candidate]) -> dict[str, Any]:
         config = self.config
         samples = [candidate.sample for candidate in group]
         batch = self.pack_fn(
@@ -272,8 +259,20 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self._record(group, tokens=sum(len(sample["input_ids"]) for sample in samples))
         return batch
 
-    def _record(self, group: list[_Candidate], tokens: int) -> None:
-        """Count an emitted pack: its samples, real tokens, the waits of its members, memory released."""
+    def _record(self, group: list[Candidate], tokens: int) -> None:
+        """Count an emitted pack: its samples, real tokens, member waits, memory released, and its cost.
+
+        With a cost cap, whether the cap closed it is judged against the candidates still waiting: the
+        rest of the buffer and the pending ``ffd`` groups (the group itself is already out of both).
+        """
+        cap = self.config.max_pack_cost
+        if cap is not None:
+            cost = group_cost(group)
+            waiting = self.buffer + [c for pending in self.pending for c in pending]
+            self.counts["cost"] += cost
+            self.counts["max_pack_cost"] = max(self.counts["max_pack_cost"], cost)
+            self.counts["capped_packs"] += closed_by_cost(group, waiting, self.config.pack_size, cap)
+            self.counts["over_cap_samples"] += len(group) == 1 and cost > cap
         for candidate in group:
             wait = self.step - candidate.arrival
             self.counts["waited"] += wait
@@ -329,11 +328,11 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict` saved with the same settings, shard layout and data."""
-        current = self._settings()
-        differences = {
-            name: (saved, current.get(name))
-            for name, saved in state["settings"].items()
-            if current.get(name) != saved
+        current, saved_settings = self._settings(), state["settings"]
+        differences = {  # a setting absent on one side (the cost cap) is None there
+            name: (saved_settings.get(name), current.get(name))
+            for name in [*saved_settings, *(name for name in current if name not in saved_settings)]
+            if current.get(name) != saved_settings.get(name)
         }
         if differences:
             listed = ", ".join(
@@ -346,7 +345,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         if (state["buffer"] or state["pending"]) and self.restore is None:
             raise TightpackError("load_state_dict needs restore(key) to prepare the buffered samples again")
 
-        def candidate(key: Any, tokens: int, arrival: int) -> _Candidate:
+        def candidate(key: Any, tokens: int, arrival: int) -> Candidate:
             sample = self.restore(key)
             if len(sample["input_ids"]) != tokens:
                 raise TightpackError(
@@ -365,7 +364,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self.pending = [[candidate(*saved) for saved in group] for group in state["pending"]]
         self._resumed_shard = tuple(state["shard"])
         if self.config.strategy == "best_fill":  # what the next selection checks, as an input error here
-            for rank, (slack, restored) in enumerate(self._by_deadline()):
+            ordered = by_deadline(self.buffer, self.step, self.config.wait_limit)
+            for rank, (slack, restored) in enumerate(ordered):
                 if slack < rank:
                     raise TightpackError(
                         f"the state's buffer cannot be met by max_wait: at step {self.step}, sample "
@@ -377,6 +377,13 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     def mean_wait(self) -> float:
         """Mean steps between a sample's arrival and its pack."""
         return self.counts["waited"] / max(self.counts["samples"], 1)
+
+    @property
+    def mean_pack_cost(self) -> float | None:
+        """Mean cost of the packs emitted, in the cost model's unit; None without a cost cap."""
+        if self.cost_model is None:
+            return None
+        return self.counts["cost"] / max(self.counts["packs"], 1)
 
     def fill(self) -> float:
         """Real tokens over ``packs * pack_size`` so far."""

@@ -20,11 +20,16 @@ Randomness comes only from ``np.random.default_rng((seed, epoch))``.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
 
+from tightpack.core.balance import balanced_steps, regroup_generator
+from tightpack.core.balanced_plan import balance_pack_costs
+from tightpack.core.cost_model import CostModel
+from tightpack.core.planner import plan_packs
 from tightpack.errors import TightpackError
 
 __all__ = ["PackedBatchSampler", "TokenBudgetBatchSampler"]
@@ -170,14 +175,26 @@ class TokenBudgetBatchSampler:
     """Micro-batches that each carry close to ``token_budget`` tokens, for collate-time packing.
 
     A fixed micro-batch size gives packed rows of wildly different lengths (a few short samples, or
-    one long one). This sampler plans the micro-batches with the packing planner instead: every epoch
-    the samples are packed into bins of ``token_budget`` tokens (``algorithm``), the bins are shuffled
-    from ``(seed, epoch)`` and dealt to the data-parallel ranks (rank ``d`` takes bins ``d, d + DP, ...``;
-    the last bins are dropped so every rank gets as many).
+    one long one). This sampler plans the micro-batches with the packing planner instead: the samples
+    are packed once into bins of ``token_budget`` tokens (``algorithm``); every epoch the bins are
+    shuffled from ``(seed, epoch)``, cut into optimizer steps of ``DP * micro_batches_per_step`` bins
+    (the last bins that make no whole step are dropped, so every rank gets as many) and dealt: rank
+    ``d`` takes bins ``d, d + DP, ...`` of each step.
+
+    With a ``cost_model`` the micro-batches are balanced on compute, not only on tokens: the plan is
+    rewritten so bin costs spread less (`tightpack.core.balanced_plan.balance_pack_costs`; at most 0.1%
+    more bins, the token budget stays a hard limit), and each epoch's bins are grouped into steps and
+    dealt by cost (`tightpack.core.balance.balanced_steps`): within a step every rank carries about
+    the same cost, so no rank waits on another. The set of bins of an epoch is the same as without a
+    cost model (shuffled, whole steps); which step and rank sees each one changes.
 
     Args:
         lengths: the length each sample will have in the packed row (aligned, if aligning), ``[N]``.
         token_budget: tokens per micro-batch; a longer sample is an error (truncate it first).
+        cost_model: a `CostModel`, preset name or JSON path (`CostModel.resolve`); None balances
+            tokens only.
+        micro_batches_per_step: micro-batches one rank runs per optimizer step (gradient
+            accumulation); a step is ``DP`` times this many bins.
 
     >>> sampler = TokenBudgetBatchSampler([5, 3, 2, 7, 4], token_budget=10, shuffle=False)
     >>> [sorted(batch) for batch in sampler]
@@ -194,30 +211,50 @@ class TokenBudgetBatchSampler:
         shuffle: bool = True,
         data_parallel_rank: int = 0,
         data_parallel_size: int = 1,
+        cost_model: CostModel | str | os.PathLike | None = None,
+        micro_batches_per_step: int = 1,
     ) -> None:
-        from tightpack.core.planner import plan_packs
-
         if not 0 <= data_parallel_rank < data_parallel_size:
             raise TightpackError(
                 f"data_parallel_rank {data_parallel_rank} is outside [0, {data_parallel_size})"
             )
-        self.plan = plan_packs(np.asarray(lengths), token_budget, algorithm=algorithm, seed=seed)
-        if len(self.plan) < data_parallel_size:
+        per_rank = micro_batches_per_step
+        if isinstance(per_rank, bool) or not isinstance(per_rank, (int, np.integer)) or per_rank < 1:
+            raise TightpackError(f"micro_batches_per_step must be a positive integer, got {per_rank!r}")
+        lengths = np.asarray(lengths)
+        self.plan = plan_packs(lengths, token_budget, algorithm=algorithm, seed=seed)
+        self.cost_model = None if cost_model is None else CostModel.resolve(cost_model)
+        self.costs = None
+        if self.cost_model is not None:
+            self.plan = balance_pack_costs(self.plan, lengths, token_budget, self.cost_model)
+            self.costs = self.cost_model.pack_costs(self.plan, lengths)
+        if len(self.plan) < data_parallel_size * per_rank:
             raise TightpackError(
-                f"{len(self.plan)} micro-batches cannot feed {data_parallel_size} data-parallel ranks"
+                f"{len(self.plan)} micro-batches cannot make one step of {data_parallel_size} data-parallel "
+                f"ranks x {per_rank} micro-batches; lower micro_batches_per_step or the token budget"
             )
         self.seed, self.shuffle = seed, shuffle
         self.rank, self.ranks = data_parallel_rank, data_parallel_size
+        self.micro_batches_per_step = int(per_rank)
         self.epoch = 0
 
     def __len__(self) -> int:
-        return len(self.plan) // self.ranks
+        """Micro-batches this rank yields per epoch."""
+        step = self.ranks * self.micro_batches_per_step
+        return len(self.plan) // step * self.micro_batches_per_step
 
     def __iter__(self) -> Iterator[list[int]]:
         bins = np.arange(len(self.plan))
         if self.shuffle:
             bins = np.random.default_rng((self.seed, self.epoch)).permutation(bins)
+        bins = bins[: len(self) * self.ranks]
+        if self.costs is None:
+            steps = bins.reshape(-1, self.micro_batches_per_step, self.ranks)
+            mine = steps[:, :, self.rank].reshape(-1)  # rank d takes positions d, d + DP, ... of a step
+        else:
+            rng = regroup_generator(self.seed, self.epoch)
+            dealt = balanced_steps(self.costs[bins], self.ranks, self.micro_batches_per_step, rng)
+            mine = bins[dealt[:, self.rank].reshape(-1)]
         self.epoch += 1
-        mine = bins[: len(self) * self.ranks][self.rank :: self.ranks]
         for index in mine.tolist():
             yield self.plan[index].tolist()

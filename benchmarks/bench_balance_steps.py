@@ -1,0 +1,273 @@
+"""Real data-parallel step times: in-order dealing of packs vs cost-balanced dealing (issue 13).
+
+Two processes (torch.distributed, gloo, one thread each: DP = 2) train the same small Llama (the
+calibration model of `tightpack.runtime.calibration`, varlen attention) on packs planned by
+`tightpack.core.planner.plan_packs` from long-tailed synthetic lengths. Every step, each rank runs
+forward + backward on its packs of the global batch, then the gradients are all-reduced. Two samplers
+give the same global batches (same seed) and differ only in the dealing:
+
+- baseline: `PackedBatchSampler(dataloader_type="batch", micro_batch_size=1)`, rank ``d`` takes
+  positions ``d, d + DP, ...``;
+- balanced: `BalancedPackedBatchSampler` on the pack costs of a cost model (calibrated at the start of
+  the run, or ``--cost-model FILE``).
+
+Steps of both run interleaved (baseline step s, balanced step s) so drifting machine load hits both.
+A step's compute time is the slower rank's (all-reduce MAX of each rank's forward + backward time);
+its wall time adds the gradient all-reduce. The prediction: the same dealing of the same packs,
+costed by the cost model (plus its per-pack intercept), max over ranks per step, and
+`tightpack.core.balance.straggler_overhead`.
+
+    .venv/bin/python benchmarks/bench_balance_steps.py [--steps 24] [--global-batch-size 4]
+        [--pack-size 2048] [--seed 0] [--cost-model FILE] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tightpack.core.balance import straggler_overhead
+from tightpack.core.cost_model import CostModel
+from tightpack.core.planner import plan_packs
+from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler
+from tightpack.runtime.calibration import (
+    build_calibration_model,
+    calibrate_cost_model,
+    packed_inputs,
+    train_step,
+)
+from tightpack.runtime.samplers import PackedBatchSampler
+
+RANKS = 2
+MODES = ("baseline", "balanced")
+
+
+def synthetic_lengths(count: int, pack_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Long-tailed sample lengths ``[count]``: lognormal (median ~200 tokens) plus 5% above half a pack."""
+    lengths = rng.lognormal(mean=np.log(200), sigma=1.0, size=count)
+    tail = rng.random(count) < 0.05
+    lengths[tail] = rng.uniform(pack_size / 2, pack_size, size=int(tail.sum()))
+    return np.clip(np.rint(lengths), 16, pack_size).astype(np.int64)
+
+
+def plan_packs_for_run(packs_needed: int, pack_size: int, seed: int) -> tuple[int, list[np.ndarray]]:
+    """The sample count planned and the sample lengths of ``packs_needed`` packs drawn from the plan.
+
+    Exactly ``steps * GBS`` packs make one epoch of both samplers: the balanced sampler regroups packs
+    across the steps of an epoch, so with more packs its first steps would not hold the same packs as
+    the baseline's, and the two runs would not do the same work.
+    """
+    rng = np.random.default_rng(seed)
+    count = packs_needed * 4
+    while True:
+        lengths = synthetic_lengths(count, pack_size, rng)
+        plan = plan_packs(lengths, pack_size)
+        if len(plan) >= packs_needed:
+            chosen = np.sort(rng.choice(len(plan), size=packs_needed, replace=False))
+            return len(lengths), [lengths[plan[int(i)]] for i in chosen]
+        count *= 2
+
+
+def dealings(sampler_kind: str, pack_costs: np.ndarray, args) -> list[list[list[int]]]:
+    """``[rank][step]`` -> the pack indices of that rank at that step, for ``args.steps`` steps."""
+    result = []
+    for rank in range(RANKS):
+        common = {
+            "global_batch_size": args.global_batch_size,
+            "data_parallel_rank": rank,
+            "data_parallel_size": RANKS,
+            "seed": args.seed,
+        }
+        if sampler_kind == "baseline":
+            sampler = PackedBatchSampler(
+                len(pack_costs), dataloader_type="batch", micro_batch_size=1, **common
+            )
+        else:
+            sampler = BalancedPackedBatchSampler(pack_costs, **common)
+        steps = []
+        for indices in sampler:
+            steps.append([int(i) for i in indices])
+            if len(steps) == args.steps:
+                break
+        result.append(steps)
+    return result
+
+
+def _worker(rank: int, store_path: str, config: dict, result_path: str) -> None:
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, RANKS)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=RANKS)
+    try:
+        model = build_calibration_model(config["model_config"], seed=config["seed"])
+        vocab = model.config.vocab_size
+        packs = config["packs"]
+
+        def inputs_of(pack: int) -> dict:
+            generator = torch.Generator().manual_seed(config["seed"] * 1_000_003 + pack)
+            return packed_inputs(packs[pack], vocab, generator)
+
+        train_step(model, inputs_of(0))  # warm up the kernels
+        compute = {mode: np.zeros((config["steps"], RANKS)) for mode in MODES}
+        wall = {mode: np.zeros(config["steps"]) for mode in MODES}
+        for step in range(config["steps"]):
+            for mode in MODES:
+                mine = config["dealings"][mode][rank][step]
+                batch = [inputs_of(pack) for pack in mine]
+                model.zero_grad(set_to_none=True)
+                dist.barrier()
+                start = time.perf_counter()
+                for inputs in batch:
+                    train_step(model, inputs)
+                seconds = time.perf_counter() - start
+                grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+                dist.all_reduce(grads)
+                wall[mode][step] = time.perf_counter() - start
+                gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(RANKS)]
+                dist.all_gather(gathered, torch.tensor([seconds], dtype=torch.float64))
+                compute[mode][step] = [float(t) for t in gathered]
+        if rank == 0:
+            data = {mode: {"compute": compute[mode].tolist(), "wall": wall[mode].tolist()} for mode in MODES}
+            Path(result_path).write_text(json.dumps(data))
+    finally:
+        dist.destroy_process_group()
+
+
+def predicted_rank_costs(dealt: list[list[list[int]]], costs: np.ndarray, per_pack: float) -> np.ndarray:
+    """``[steps, ranks]``: the modelled seconds of each rank's packs at each step."""
+    steps = len(dealt[0])
+    return np.array(
+        [[costs[dealt[r][s]].sum() + per_pack * len(dealt[r][s]) for r in range(RANKS)] for s in range(steps)]
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--global-batch-size", type=int, default=4)
+    parser.add_argument("--pack-size", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cost-model", help="a cost model JSON (seconds); default: calibrate first")
+    parser.add_argument("--model-config", default="{}", help="LlamaConfig overrides, JSON")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    model_config = json.loads(args.model_config)
+
+    started = time.perf_counter()
+    per_pack = 0.0
+    if args.cost_model:
+        cost_model = CostModel.resolve(args.cost_model)
+        fit_summary = None
+    else:
+        widths = sorted({args.pack_size // 4, args.pack_size // 2, args.pack_size})
+        fit = calibrate_cost_model(model_config=model_config, pack_widths=widths, repeats=3, threads=1)
+        cost_model, per_pack = fit.model, fit.per_pack
+        fit_summary = {"r2": fit.r2, "relative_rmse": fit.relative_rmse, "per_pack": per_pack}
+    calibration_seconds = time.perf_counter() - started
+
+    needed = args.steps * args.global_batch_size
+    samples, pack_lengths = plan_packs_for_run(needed, args.pack_size, args.seed)
+    costs = np.array([cost_model.sequence_costs(p).sum() for p in pack_lengths])
+    dealt = {kind: dealings(kind, costs, args) for kind in MODES}
+    predicted = {kind: predicted_rank_costs(dealt[kind], costs, per_pack) for kind in MODES}
+
+    config = {
+        "model_config": model_config,
+        "seed": args.seed,
+        "steps": args.steps,
+        "packs": [p.tolist() for p in pack_lengths],
+        "dealings": dealt,
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        store_path, result_path = os.path.join(folder, "store"), os.path.join(folder, "result.json")
+        timed = time.perf_counter()
+        mp.spawn(_worker, args=(store_path, config, result_path), nprocs=RANKS, join=True)
+        measured = json.loads(Path(result_path).read_text())
+        training_seconds = time.perf_counter() - timed
+
+    report = {
+        "cost_model": cost_model.to_dict(),
+        "fit": fit_summary,
+        "crossover_length": cost_model.crossover_length(),
+        "samples": samples,
+        "packs": len(pack_lengths),
+        "steps": args.steps,
+        "global_batch_size": args.global_batch_size,
+        "pack_size": args.pack_size,
+        "calibration_seconds": calibration_seconds,
+        "training_seconds": training_seconds,
+    }
+    for kind in MODES:
+        compute = np.array(measured[kind]["compute"])
+        packs = sorted(p for rank in dealt[kind] for step in rank for p in step)
+        report[kind] = {
+            "packs_trained": len(packs),
+            "tokens_trained": int(sum(pack_lengths[p].sum() for p in packs)),
+            "measured_step_ms": float(compute.max(axis=1).mean() * 1e3),
+            "measured_mean_rank_ms": float(compute.mean(axis=1).mean() * 1e3),
+            "measured_wall_step_ms": float(np.mean(measured[kind]["wall"]) * 1e3),
+            "measured_straggler_overhead": straggler_overhead(compute),
+            "predicted_step_ms": float(predicted[kind].max(axis=1).mean() * 1e3),
+            "predicted_mean_rank_ms": float(predicted[kind].mean(axis=1).mean() * 1e3),
+            "predicted_straggler_overhead": straggler_overhead(predicted[kind]),
+        }
+    for key in (
+        "measured_step_ms",
+        "measured_mean_rank_ms",
+        "measured_wall_step_ms",
+        "predicted_step_ms",
+        "predicted_mean_rank_ms",
+    ):
+        report[f"ratio_{key}"] = report["balanced"][key] / report["baseline"][key]
+    return report
+
+
+def print_report(report: dict) -> None:
+    model = report["cost_model"]
+    fit = report["fit"] or {}
+    print(
+        f"cost model: linear {model['linear']:.3g} s/token, quadratic {model['quadratic']:.3g} s/token², "
+        f"per sequence {model['per_sequence']:.3g} s, per pack {fit.get('per_pack', 0.0):.3g} s, "
+        f"R² {fit.get('r2', float('nan')):.3f}, crossover {report['crossover_length']:,.0f} tokens "
+        f"(calibration {report['calibration_seconds']:.1f} s)"
+    )
+    print(
+        f"{report['samples']} samples planned, {report['packs']} packs of <= {report['pack_size']} "
+        "tokens drawn (one epoch of both samplers); "
+        f"{report['steps']} steps of {report['global_batch_size']} packs over DP = {RANKS} "
+        f"(training {report['training_seconds']:.1f} s)"
+    )
+    rows = [
+        ("packs trained", "packs_trained", "{:d}"),
+        ("tokens trained", "tokens_trained", "{:d}"),
+        ("step, max-rank compute (ms)", "measured_step_ms", "{:.1f}"),
+        ("  mean-rank compute (ms)", "measured_mean_rank_ms", "{:.1f}"),
+        ("step, wall incl. all-reduce (ms)", "measured_wall_step_ms", "{:.1f}"),
+        ("step, predicted by cost model (ms)", "predicted_step_ms", "{:.1f}"),
+        ("  mean-rank predicted (ms)", "predicted_mean_rank_ms", "{:.1f}"),
+        ("straggler overhead, measured", "measured_straggler_overhead", "{:.3f}"),
+        ("straggler overhead, predicted", "predicted_straggler_overhead", "{:.3f}"),
+    ]
+    print(f"{'':36} {'baseline':>10} {'balanced':>10} {'ratio':>7}")
+    for title, key, form in rows:
+        base, balanced = report["baseline"][key], report["balanced"][key]
+        ratio = report.get(f"ratio_{key}")
+        ratio_text = f"{ratio:.3f}" if ratio is not None else ""
+        print(f"{title:36} {form.format(base):>10} {form.format(balanced):>10} {ratio_text:>7}")
+
+
+if __name__ == "__main__":
+    result = main()
+    if "--json" in sys.argv[1:]:
+        print(json.dumps(result, indent=2))
+    else:
+        print_report(result)

@@ -1,0 +1,130 @@
+"""benchmarks/bench_balance.py on tiny configurations: structure and consistency, never timings."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """The benchmark module, with a synthetic demo distribution (tokenizing the corpus takes seconds)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_balance
+
+    demo = np.random.default_rng(0).integers(1, 3000, size=7168)
+    monkeypatch.setattr(bench_balance, "demo_runtime_lengths", lambda: demo)
+    return bench_balance
+
+
+TINY = dict(
+    dps=[2, 4],
+    pack_sizes=[1024, 2048],
+    distributions=["demo", "longtail"],
+    min_steps=4,
+    timing_dp=4,
+    timing_gbs=[16],
+    timing_pack_size=1024,
+    repeats=1,
+)
+
+
+def test_simulation_matches_real_samplers(bench):
+    checks = bench.verify_simulation(seed=3)
+    assert len(checks) == 18
+    assert all(checks.values()), [key for key, passed in checks.items() if not passed]
+
+
+def test_longtail_has_five_percent_over_half_a_pack(bench):
+    lengths = bench.make_lengths("longtail", 10_000, 1000, seed=0)
+    assert lengths.min() >= 1 and lengths.max() <= 1000
+    assert (lengths > 500).sum() == 500
+
+
+def test_report_is_consistent(bench):
+    report = bench.run_benchmark(**TINY, balanced_plan=False)
+    json.dumps(report)  # JSON-ready
+    assert all(report["simulation_check"].values())
+    assert report["contenders"] == ["baseline", "deal", "regroup"]
+    assert [(run["distribution"], run["pack_size"]) for run in report["runs"]] == [
+        ("demo", 1024),
+        ("demo", 2048),
+        ("longtail", 1024),
+        ("longtail", 2048),
+    ]
+    overheads = {name: [] for name in report["contenders"]}
+    for run in report["runs"]:
+        bfd = run["plans"]["bfd"]
+        assert list(run["plans"]) == ["bfd"]
+        assert bfd["packs"] >= 4 * 4 * 16  # min_steps x the largest GBS
+        assert 0 < bfd["fill"] <= 1 and bfd["valid"]
+        assert bfd["cost_spread"]["max_over_mean"] >= 1
+        assert [(row["dp"], row["gbs"]) for row in run["rows"]] == [(2, 8), (2, 32), (4, 16), (4, 64)]
+        for row in run["rows"]:
+            assert set(row["results"]) == set(report["contenders"])
+            assert row["steps"] == bfd["packs"] // row["gbs"]
+            for name, result in row["results"].items():
+                assert result["steps"] == row["steps"]
+                assert result["overhead"] >= 0
+                overheads[name].append(
+                    (result["overhead"], run["distribution"], run["pack_size"], row["gbs"])
+                )
+            baseline, regroup = row["results"]["baseline"]["overhead"], row["results"]["regroup"]["overhead"]
+            assert row["goal"] == bench.goal(baseline, regroup)
+    for name, worst in report["worst"].items():
+        value, distribution, pack_size, gbs = max(overheads[name])
+        assert (worst["overhead"], worst["distribution"], worst["pack_size"], worst["gbs"]) == (
+            value,
+            distribution,
+            pack_size,
+            gbs,
+        )
+    assert sum(report["goal_counts"].values()) == 4 * 4
+    assert [(t["distribution"], t["gbs"]) for t in report["timing"]["runs"]] == [
+        ("demo", 16),
+        ("longtail", 16),
+    ]
+    for entry in report["timing"]["runs"]:
+        assert set(entry["results"]) == {"baseline", "deal", "regroup"}
+        assert entry["steps"] == entry["packs"] // entry["gbs"]
+
+
+def test_goal_column(bench):
+    assert bench.goal(0.05, 0.5) == "n.a."  # the baseline must exceed 5%
+    assert bench.goal(0.06, 0.02) == "ok"
+    assert bench.goal(0.06, 0.021) == "MISS"
+
+
+def test_balanced_plan_hook(bench, monkeypatch):
+    monkeypatch.setattr(bench, "load_balanced_plan", lambda: None)
+    with pytest.raises(SystemExit, match=r"tightpack\.core\.balanced_plan does not exist"):
+        bench.run_benchmark(**TINY, balanced_plan=True)
+    # An identity rewrite: the balanced plan's rows equal the bfd plan's.
+    monkeypatch.setattr(bench, "load_balanced_plan", lambda: lambda plan, lengths, pack_size, model: plan)
+    report = bench.run_benchmark(**{**TINY, "distributions": ["longtail"], "pack_sizes": [1024]})
+    assert report["contenders"] == ["baseline", "deal", "regroup", "plan+deal", "plan+regroup"]
+    for row in report["runs"][0]["rows"]:
+        assert row["results"]["plan+deal"] == row["results"]["deal"]
+        assert row["results"]["plan+regroup"] == row["results"]["regroup"]
+        assert row["goal_balanced_plan"] == row["goal"]
+
+
+def test_cli_quick_writes_json(bench, monkeypatch, tmp_path, capsys):
+    out = tmp_path / "balance.json"
+    monkeypatch.setattr(
+        sys, "argv", ["bench_balance.py", "--quick", "--no-balanced-plan", "--json", str(out)]
+    )
+    bench.main()
+    report = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert "18/18 identical" in printed and "worst overhead per contender" in printed
+    assert report["balanced_plan"] == "left out (--no-balanced-plan)"
+    assert report["dps"] == [4, 8] and report["pack_sizes"] == [4096]
+    assert report["distributions"] == ["demo", "longtail"]
+    assert [(t["dp"], t["gbs"]) for t in report["timing"]["runs"]] == [(8, 32), (8, 128)] * 2
