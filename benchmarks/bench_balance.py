@@ -18,8 +18,8 @@ one pack per micro-batch) then deals that same plan, with the same seed, to ever
 - ``regroup``: ``BalancedPackedBatchSampler(regroup=True)``, its default: the epoch's packs regrouped
   into global batches by cost (`tightpack.core.balance.balanced_steps`), then dealt;
 - ``plan+deal`` / ``plan+regroup``: the two balanced samplers over a cost-balanced rewrite of the
-  ``bfd`` plan (``tightpack.core.balanced_plan.balance_pack_costs``), when that module exists
-  (``--balanced-plan``; see `load_balanced_plan`).
+  ``bfd`` plan (`tightpack.core.balanced_plan.balance_pack_costs`; ``--no-balanced-plan`` leaves
+  them out).
 
 All ranks are simulated at once with the samplers' own internals (``_global_batches``, ``_permutation``)
 and the core functions their ``_batch`` calls, in the same way; before the grid, `verify_simulation`
@@ -54,7 +54,6 @@ Benchmarks report, they never assert::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -67,10 +66,10 @@ from pathlib import Path
 import numpy as np
 
 from demo_lengths import demo_runtime_lengths
-from tightpack.core.balance import balanced_steps, deal_balanced, straggler_overhead
+from tightpack.core.balance import balanced_steps, deal_balanced, regroup_generator, straggler_overhead
+from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.cost_model import CostModel, cost_spread
 from tightpack.core.planner import PackPlan, plan_packs
-from tightpack.runtime import balanced_sampler
 from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler
 from tightpack.runtime.samplers import PackedBatchSampler
 
@@ -85,7 +84,6 @@ GOAL_BASELINE_ABOVE = 0.05
 GOAL_AT_MOST = 0.02
 LONG_FRACTION = 0.05
 LOGNORMAL_MEAN, LOGNORMAL_SIGMA = 6.0, 1.3
-BALANCED_PLAN_MODULE = "tightpack.core.balanced_plan"
 
 
 # --- lengths and plans -------------------------------------------------------------------------------
@@ -121,21 +119,6 @@ def samples_for(distribution: str, pack_size: int, min_packs: int, seed: int, de
     return math.ceil(1.02 * min_packs * pack_size / pilot.mean())
 
 
-def load_balanced_plan() -> Callable | None:
-    """``tightpack.core.balanced_plan.balance_pack_costs``, or None while that module does not exist.
-
-    The hook for contenders ``plan+deal`` / ``plan+regroup``: ``balance_pack_costs(plan, lengths,
-    pack_size, cost_model) -> PackPlan``, a cost-balanced rewrite of a ``bfd`` plan with as many packs.
-    """
-    try:
-        module = importlib.import_module(BALANCED_PLAN_MODULE)
-    except ModuleNotFoundError as error:
-        if error.name != BALANCED_PLAN_MODULE:
-            raise
-        return None
-    return module.balance_pack_costs
-
-
 # --- all ranks at once, as the samplers deal them ----------------------------------------------------
 
 
@@ -148,7 +131,7 @@ def simulate(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, ep
     - ``deal``: ``BalancedPackedBatchSampler._batch`` with ``regroup=False`` deals each global batch
       with ``deal_balanced`` on its costs;
     - ``regroup``: the same with ``regroup=True`` runs ``balanced_steps`` once over the epoch's permuted
-      costs with the regrouping generator ``(seed, epoch, _REGROUP_STREAM)``.
+      costs with ``regroup_generator(seed, epoch)``, its packs in the sampler's cost order.
 
     `verify_simulation` checks this against real per-rank samplers.
     """
@@ -179,8 +162,14 @@ def simulate(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, ep
     if contender == REGROUP:
         whole_steps = sampler.total_samples // gbs
         order = sampler._permutation(sampler.total_samples, epoch)[: whole_steps * gbs]
-        rng = np.random.default_rng((seed, epoch, balanced_sampler._REGROUP_STREAM))
-        return order[balanced_steps(sampler.pack_costs[order], dp, per_rank, rng)]
+        steps = balanced_steps(
+            sampler.pack_costs[order],
+            dp,
+            per_rank,
+            regroup_generator(seed, epoch),
+            heaviest_first=sampler._heaviest_first_positions(order),
+        )
+        return order[steps]
     raise ValueError(f"contender {contender!r} is not one of {(BASELINE, DEAL, REGROUP)}")
 
 
@@ -417,7 +406,7 @@ def run_benchmark(
     min_steps: int = 50,
     epochs: int = 1,
     seed: int = 0,
-    balanced_plan: bool | None = None,
+    balanced_plan: bool = True,
     timing_dp: int = 128,
     timing_gbs: list[int] | None = None,
     timing_pack_size: int = 8192,
@@ -425,19 +414,10 @@ def run_benchmark(
 ) -> dict:
     """Every distribution and pack size, then the sampler timings; returns a JSON-ready report.
 
-    ``balanced_plan``: None adds the balanced-plan contenders when their module exists, True requires
-    it (raising if it is missing), False leaves them out.
+    ``balanced_plan``: add the contenders over `balance_pack_costs`'s rewrite of each plan.
     """
     start = time.perf_counter()
-    balance_plan = None
-    if balanced_plan is not False:
-        balance_plan = load_balanced_plan()
-        if balance_plan is None and balanced_plan:
-            raise SystemExit(
-                f"--balanced-plan: module {BALANCED_PLAN_MODULE} does not exist yet (it is to provide "
-                "balance_pack_costs(plan, lengths, pack_size, cost_model) -> PackPlan); run without "
-                "--balanced-plan, or with --no-balanced-plan"
-            )
+    balance_plan = balance_pack_costs if balanced_plan else None
     model = CostModel.named(COST_MODEL)
     demo = demo_runtime_lengths() if "demo" in distributions else None
     verification = verify_simulation(seed)
@@ -520,13 +500,9 @@ def run_benchmark(
         "seed": seed,
         "contenders": contenders,
         "balanced_plan": (
-            f"{BALANCED_PLAN_MODULE}.balance_pack_costs"
-            if balance_plan is not None
-            else (
-                "left out (--no-balanced-plan)"
-                if balanced_plan is False
-                else f"{BALANCED_PLAN_MODULE} missing"
-            )
+            "tightpack.core.balanced_plan.balance_pack_costs"
+            if balanced_plan
+            else "left out (--no-balanced-plan)"
         ),
         "goal": (
             f"{GOAL_CONTENDER} <= {GOAL_AT_MOST:.0%} where {BASELINE} > {GOAL_BASELINE_ABOVE:.0%}; "
@@ -679,8 +655,8 @@ def main() -> None:
     parser.add_argument(
         "--balanced-plan",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help=f"add plan+deal / plan+regroup over {BALANCED_PLAN_MODULE} (default: when it exists)",
+        default=True,
+        help="add plan+deal / plan+regroup over the cost-balanced rewrite of each plan (default: yes)",
     )
     parser.add_argument("--timing-dp", type=int, default=128, help="DP of the sampler timings")
     parser.add_argument(

@@ -4,14 +4,18 @@ Two processes (torch.distributed, gloo, one thread each: DP = 2) train the same 
 calibration model of `tightpack.runtime.calibration`, varlen attention) on packs planned by
 `tightpack.core.planner.plan_packs` from long-tailed synthetic lengths. Every step, each rank runs
 forward + backward on its packs of the global batch, then the gradients are all-reduced. Two samplers
-give the same global batches (same seed) and differ only in the dealing:
+deal the same packs: exactly ``steps x GBS`` of them, one epoch of each sampler (same seed):
 
 - baseline: `PackedBatchSampler(dataloader_type="batch", micro_batch_size=1)`, rank ``d`` takes
   positions ``d, d + DP, ...``;
-- balanced: `BalancedPackedBatchSampler` on the pack costs of a cost model (calibrated at the start of
-  the run, or ``--cost-model FILE``).
+- balanced: `BalancedPackedBatchSampler` (its default, ``regroup=True``: packs grouped into global
+  batches and dealt by cost) on the pack costs of a cost model, calibrated by both processes at once
+  at the start of the run (so the fit sees the same contention as the training steps), or
+  ``--cost-model FILE``.
 
-Steps of both run interleaved (baseline step s, balanced step s) so drifting machine load hits both.
+Steps of both run interleaved (baseline step s, balanced step s, control step s) so drifting machine
+load hits all of them. The control gives both ranks the same packs (equal work): its straggler
+overhead is the timing noise of the machine, the floor any dealing pays here.
 A step's compute time is the slower rank's (all-reduce MAX of each rank's forward + backward time);
 its wall time adds the gradient all-reduce. The prediction: the same dealing of the same packs,
 costed by the cost model (plus its per-pack intercept), max over ranks per step, and
@@ -50,6 +54,10 @@ from tightpack.runtime.samplers import PackedBatchSampler
 
 RANKS = 2
 MODES = ("baseline", "balanced")
+CONTROL = "control"
+"""Both ranks run the same packs (rank 0's of the balanced dealing): equal work, so its measured
+straggler overhead is the timing noise alone, the floor any dealing pays on this machine."""
+TIMED = (*MODES, CONTROL)
 
 
 def synthetic_lengths(count: int, pack_size: int, rng: np.random.Generator) -> np.ndarray:
@@ -78,15 +86,17 @@ def plan_packs_for_run(packs_needed: int, pack_size: int, seed: int) -> tuple[in
         count *= 2
 
 
-def dealings(sampler_kind: str, pack_costs: np.ndarray, args) -> list[list[list[int]]]:
-    """``[rank][step]`` -> the pack indices of that rank at that step, for ``args.steps`` steps."""
+def dealings(
+    sampler_kind: str, pack_costs: np.ndarray, steps: int, gbs: int, seed: int
+) -> list[list[list[int]]]:
+    """``[rank][step]`` -> the pack indices of that rank at that step, for ``steps`` steps."""
     result = []
     for rank in range(RANKS):
         common = {
-            "global_batch_size": args.global_batch_size,
+            "global_batch_size": gbs,
             "data_parallel_rank": rank,
             "data_parallel_size": RANKS,
-            "seed": args.seed,
+            "seed": seed,
         }
         if sampler_kind == "baseline":
             sampler = PackedBatchSampler(
@@ -94,13 +104,33 @@ def dealings(sampler_kind: str, pack_costs: np.ndarray, args) -> list[list[list[
             )
         else:
             sampler = BalancedPackedBatchSampler(pack_costs, **common)
-        steps = []
-        for indices in sampler:
-            steps.append([int(i) for i in indices])
-            if len(steps) == args.steps:
-                break
-        result.append(steps)
+        result.append([[int(i) for i in indices] for indices in sampler][:steps])
     return result
+
+
+def _calibrate_together(rank: int, config: dict) -> dict:
+    """Both ranks calibrate at once, so the fit sees the contention of the training run (two processes
+    on the machine); rank 0's fit costs the packs and deals them, and every rank gets the result."""
+    dist.barrier()
+    fit = calibrate_cost_model(
+        model_config=config["model_config"], pack_widths=config["widths"], repeats=3, threads=1
+    )
+    shared = [None]
+    if rank == 0:
+        costs = np.array([fit.model.sequence_costs(np.array(p)).sum() for p in config["packs"]])
+        shared = [
+            {
+                "cost_model": fit.model.to_dict(),
+                "fit": {"r2": fit.r2, "relative_rmse": fit.relative_rmse, "per_pack": fit.per_pack},
+                "costs": costs.tolist(),
+                "dealings": {
+                    kind: dealings(kind, costs, config["steps"], config["gbs"], config["seed"])
+                    for kind in MODES
+                },
+            }
+        ]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 def _worker(rank: int, store_path: str, config: dict, result_path: str) -> None:
@@ -108,6 +138,10 @@ def _worker(rank: int, store_path: str, config: dict, result_path: str) -> None:
     store = dist.FileStore(store_path, RANKS)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=RANKS)
     try:
+        started = time.perf_counter()
+        if config["dealings"] is None:
+            config = config | _calibrate_together(rank, config)
+        calibration_seconds = time.perf_counter() - started
         model = build_calibration_model(config["model_config"], seed=config["seed"])
         vocab = model.config.vocab_size
         packs = config["packs"]
@@ -117,11 +151,12 @@ def _worker(rank: int, store_path: str, config: dict, result_path: str) -> None:
             return packed_inputs(packs[pack], vocab, generator)
 
         train_step(model, inputs_of(0))  # warm up the kernels
-        compute = {mode: np.zeros((config["steps"], RANKS)) for mode in MODES}
-        wall = {mode: np.zeros(config["steps"]) for mode in MODES}
+        compute = {mode: np.zeros((config["steps"], RANKS)) for mode in TIMED}
+        wall = {mode: np.zeros(config["steps"]) for mode in TIMED}
         for step in range(config["steps"]):
-            for mode in MODES:
-                mine = config["dealings"][mode][rank][step]
+            for mode in TIMED:
+                dealt_to = 0 if mode == CONTROL else rank
+                mine = config["dealings"]["balanced" if mode == CONTROL else mode][dealt_to][step]
                 batch = [inputs_of(pack) for pack in mine]
                 model.zero_grad(set_to_none=True)
                 dist.barrier()
@@ -136,7 +171,11 @@ def _worker(rank: int, store_path: str, config: dict, result_path: str) -> None:
                 dist.all_gather(gathered, torch.tensor([seconds], dtype=torch.float64))
                 compute[mode][step] = [float(t) for t in gathered]
         if rank == 0:
-            data = {mode: {"compute": compute[mode].tolist(), "wall": wall[mode].tolist()} for mode in MODES}
+            data = {mode: {"compute": compute[mode].tolist(), "wall": wall[mode].tolist()} for mode in TIMED}
+            data.update(
+                {key: config.get(key) for key in ("cost_model", "fit", "costs", "dealings")},
+                calibration_seconds=calibration_seconds,
+            )
             Path(result_path).write_text(json.dumps(data))
     finally:
         dist.destroy_process_group()
@@ -162,37 +201,41 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     model_config = json.loads(args.model_config)
 
-    started = time.perf_counter()
-    per_pack = 0.0
-    if args.cost_model:
-        cost_model = CostModel.resolve(args.cost_model)
-        fit_summary = None
-    else:
-        widths = sorted({args.pack_size // 4, args.pack_size // 2, args.pack_size})
-        fit = calibrate_cost_model(model_config=model_config, pack_widths=widths, repeats=3, threads=1)
-        cost_model, per_pack = fit.model, fit.per_pack
-        fit_summary = {"r2": fit.r2, "relative_rmse": fit.relative_rmse, "per_pack": per_pack}
-    calibration_seconds = time.perf_counter() - started
-
     needed = args.steps * args.global_batch_size
     samples, pack_lengths = plan_packs_for_run(needed, args.pack_size, args.seed)
-    costs = np.array([cost_model.sequence_costs(p).sum() for p in pack_lengths])
-    dealt = {kind: dealings(kind, costs, args) for kind in MODES}
-    predicted = {kind: predicted_rank_costs(dealt[kind], costs, per_pack) for kind in MODES}
-
     config = {
         "model_config": model_config,
         "seed": args.seed,
         "steps": args.steps,
+        "gbs": args.global_batch_size,
+        "widths": sorted({args.pack_size // 4, args.pack_size // 2, args.pack_size}),
         "packs": [p.tolist() for p in pack_lengths],
-        "dealings": dealt,
+        "dealings": None,  # calibrated and dealt in the workers, under the run's own contention
     }
+    if args.cost_model:
+        cost_model = CostModel.resolve(args.cost_model)
+        costs = np.array([cost_model.sequence_costs(p).sum() for p in pack_lengths])
+        config.update(
+            cost_model=cost_model.to_dict(),
+            fit=None,
+            costs=costs.tolist(),
+            dealings={
+                kind: dealings(kind, costs, args.steps, args.global_batch_size, args.seed) for kind in MODES
+            },
+        )
     with tempfile.TemporaryDirectory() as folder:
         store_path, result_path = os.path.join(folder, "store"), os.path.join(folder, "result.json")
         timed = time.perf_counter()
         mp.spawn(_worker, args=(store_path, config, result_path), nprocs=RANKS, join=True)
         measured = json.loads(Path(result_path).read_text())
-        training_seconds = time.perf_counter() - timed
+        run_seconds = time.perf_counter() - timed
+    cost_model = CostModel.from_dict(measured["cost_model"])
+    fit_summary = measured["fit"]
+    per_pack = (fit_summary or {}).get("per_pack", 0.0)
+    costs, dealt = np.array(measured["costs"]), measured["dealings"]
+    predicted = {kind: predicted_rank_costs(dealt[kind], costs, per_pack) for kind in MODES}
+    calibration_seconds = measured["calibration_seconds"]
+    training_seconds = run_seconds - calibration_seconds
 
     report = {
         "cost_model": cost_model.to_dict(),
@@ -220,6 +263,13 @@ def main(argv: list[str] | None = None) -> dict:
             "predicted_mean_rank_ms": float(predicted[kind].mean(axis=1).mean() * 1e3),
             "predicted_straggler_overhead": straggler_overhead(predicted[kind]),
         }
+    control = np.array(measured[CONTROL]["compute"])
+    report["noise_floor_straggler_overhead"] = straggler_overhead(control)
+    # Per rank-step, measured over predicted seconds: the spread the cost model does not explain.
+    ratios = np.concatenate(
+        [np.array(measured[kind]["compute"]).ravel() / predicted[kind].ravel() for kind in MODES]
+    )
+    report["rank_step_relative_error"] = float(ratios.std() / ratios.mean())
     for key in (
         "measured_step_ms",
         "measured_mean_rank_ms",
@@ -263,6 +313,11 @@ def print_report(report: dict) -> None:
         ratio = report.get(f"ratio_{key}")
         ratio_text = f"{ratio:.3f}" if ratio is not None else ""
         print(f"{title:36} {form.format(base):>10} {form.format(balanced):>10} {ratio_text:>7}")
+    print(
+        f"noise floor: straggler overhead {report['noise_floor_straggler_overhead']:.3f} with both ranks "
+        "running the same packs; measured / predicted seconds of a rank's step vary by "
+        f"{report['rank_step_relative_error']:.1%} (coefficient of variation)"
+    )
 
 
 if __name__ == "__main__":

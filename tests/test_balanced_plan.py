@@ -41,7 +41,7 @@ def test_every_sample_once_no_pack_over_capacity_and_never_a_wider_spread(
     assert sorted(balanced.order.tolist()) == list(range(len(lengths)))
     assert balanced.pack_loads(lengths).max() <= pack_size
     assert (balanced.pack_sizes > 0).all()
-    assert len(plan) <= len(balanced) <= len(plan) + int(extra * len(plan))
+    assert len(balanced) <= len(plan) + int(extra * len(plan))  # fewer when a pack was left empty
     before, after = SQUARES.pack_costs(plan, lengths), SQUARES.pack_costs(balanced, lengths)
     assert after.std() <= before.std()
     if balanced is not plan:

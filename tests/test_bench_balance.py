@@ -101,18 +101,17 @@ def test_goal_column(bench):
     assert bench.goal(0.06, 0.021) == "MISS"
 
 
-def test_balanced_plan_hook(bench, monkeypatch):
-    monkeypatch.setattr(bench, "load_balanced_plan", lambda: None)
-    with pytest.raises(SystemExit, match=r"tightpack\.core\.balanced_plan does not exist"):
-        bench.run_benchmark(**TINY, balanced_plan=True)
-    # An identity rewrite: the balanced plan's rows equal the bfd plan's.
-    monkeypatch.setattr(bench, "load_balanced_plan", lambda: lambda plan, lengths, pack_size, model: plan)
+def test_balanced_plan_rows_are_the_same_samplers_over_the_rewritten_plan(bench):
     report = bench.run_benchmark(**{**TINY, "distributions": ["longtail"], "pack_sizes": [1024]})
     assert report["contenders"] == ["baseline", "deal", "regroup", "plan+deal", "plan+regroup"]
-    for row in report["runs"][0]["rows"]:
-        assert row["results"]["plan+deal"] == row["results"]["deal"]
-        assert row["results"]["plan+regroup"] == row["results"]["regroup"]
-        assert row["goal_balanced_plan"] == row["goal"]
+    assert report["balanced_plan"] == "tightpack.core.balanced_plan.balance_pack_costs"
+    run = report["runs"][0]
+    plans = run["plans"]
+    assert plans["balanced"]["cost_spread"]["cv"] <= plans["bfd"]["cost_spread"]["cv"]
+    assert plans["balanced"]["valid"] and plans["bfd"]["valid"]
+    for row in run["rows"]:
+        assert set(row["results"]) == set(report["contenders"])
+        assert "goal_balanced_plan" in row
 
 
 def test_cli_quick_writes_json(bench, monkeypatch, tmp_path, capsys):

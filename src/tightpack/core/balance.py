@@ -148,7 +148,14 @@ def regroup_generator(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng((seed, epoch, _REGROUP_STREAM))
 
 
-def balanced_steps(costs: np.ndarray, ranks: int, per_rank: int, rng: np.random.Generator) -> np.ndarray:
+def balanced_steps(
+    costs: np.ndarray,
+    ranks: int,
+    per_rank: int,
+    rng: np.random.Generator,
+    *,
+    heaviest_first: np.ndarray | None = None,
+) -> np.ndarray:
     """Group items into steps by cost, then deal each step to ranks: every rank of a step equally loaded.
 
     Dealing one given global batch (`deal_balanced`) cannot help when a rank gets few packs: with
@@ -172,6 +179,8 @@ def balanced_steps(costs: np.ndarray, ranks: int, per_rank: int, rng: np.random.
         ranks: the data-parallel size ``DP``.
         per_rank: items per rank per step (``GBS / DP`` packs, or micro-batches per step).
         rng: the generator dealing tiers to steps.
+        heaviest_first: the positions ordered by decreasing cost, when the caller has them (a sampler
+            sorts its packs once, not every epoch); checked in O(n). None sorts (ties by position).
 
     Returns:
         int64 ``[steps, ranks, per_rank]``: the positions (into ``costs``) of each rank's items per step,
@@ -197,7 +206,21 @@ def balanced_steps(costs: np.ndarray, ranks: int, per_rank: int, rng: np.random.
             "pass only the items of whole steps"
         )
     steps = costs.size // (ranks * per_rank)
-    tiers = _heaviest_first(costs).reshape(per_rank, steps, ranks)
+    if heaviest_first is None:
+        heaviest_first = _heaviest_first(costs)
+    else:
+        heaviest_first = np.asarray(heaviest_first)
+        ordered = costs[heaviest_first] if heaviest_first.shape == costs.shape else None
+        if (
+            ordered is None
+            or (np.bincount(heaviest_first, minlength=costs.size) != 1).any()
+            or (ordered[1:] > ordered[:-1]).any()
+        ):
+            raise TightpackError(
+                "heaviest_first must hold every position of costs once, by decreasing cost; leave it None "
+                "to sort here"
+            )
+    tiers = heaviest_first.reshape(per_rank, steps, ranks)
     # [steps, per_rank, ranks]: step s takes tier order_r[s] of stratum r, a random permutation per stratum
     chosen = np.stack([tiers[r, rng.permutation(steps)] for r in range(per_rank)], axis=1)
     holders = np.broadcast_to(np.arange(ranks), (steps, ranks)).copy()

@@ -157,13 +157,19 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
         )
         self.pack_costs = costs
         self.regroup = bool(regroup)
+        self._by_cost: np.ndarray | None = None  # indices by decreasing cost, sorted when first needed
 
     def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
         whole_steps = self.total_samples // self.step
         if self.regroup and offset < whole_steps * self.step:
             order = self._permutation(self.total_samples, epoch)[: whole_steps * self.step]
-            rng = regroup_generator(self.seed, epoch)
-            steps = balanced_steps(self.pack_costs[order], self.ranks, self.step // self.ranks, rng)
+            steps = balanced_steps(
+                self.pack_costs[order],
+                self.ranks,
+                self.step // self.ranks,
+                regroup_generator(self.seed, epoch),
+                heaviest_first=self._heaviest_first_positions(order),
+            )
             mine = order[steps[:, self.rank]]  # [steps, GBS / DP]
             # A consumed_samples inside a global batch (never written by this sampler) skips that batch.
             for indices in mine[-(-offset // self.step) :]:
@@ -174,3 +180,16 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
             # which cost the same compute, so it is costed as that index.
             costs = self.pack_costs[positions]
             yield positions[deal_balanced(costs, self.ranks)[self.rank]].tolist()
+
+    def _heaviest_first_positions(self, order: np.ndarray) -> np.ndarray:
+        """Positions into ``order`` (a subset of the indices) by decreasing cost, ties by index.
+
+        The indices are sorted by cost once, at the first epoch; an epoch's subset is then picked out
+        of that order in O(total) instead of sorted again.
+        """
+        if self._by_cost is None:
+            self._by_cost = np.argsort(-self.pack_costs, kind="stable")
+        position = np.full(self.total_samples, -1, dtype=np.int64)
+        position[order] = np.arange(len(order))
+        ordered = position[self._by_cost]
+        return ordered[ordered >= 0]
