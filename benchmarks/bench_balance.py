@@ -21,7 +21,7 @@ one pack per micro-batch) then deals that same plan, with the same seed, to ever
   ``bfd`` plan (`tightpack.core.balanced_plan.balance_pack_costs`; ``--no-balanced-plan`` leaves
   them out).
 
-All ranks are simulated at once with the samplers' own internals (``_global_batches``, ``_permutation``)
+All ranks are simulated at once (`balance_simulation.py`) with the samplers' own internals
 and the core functions their ``_batch`` calls, in the same way; before the grid, `verify_simulation`
 checks on small configurations that the simulated index lists equal those of real per-rank samplers,
 pack for pack, and the run says so. The goal column checks the default sampler (``regroup``) against
@@ -65,19 +65,17 @@ from pathlib import Path
 
 import numpy as np
 
+from balance_simulation import BASELINE, DEAL, REGROUP, baseline_sampler, overhead, verify_simulation
 from demo_lengths import demo_runtime_lengths
-from tightpack.core.balance import balanced_steps, deal_balanced, regroup_generator, straggler_overhead
 from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.cost_model import CostModel, cost_spread
 from tightpack.core.planner import PackPlan, plan_packs
 from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler
-from tightpack.runtime.samplers import PackedBatchSampler
 
 DISTRIBUTIONS = ("demo", "longtail")
 COST_MODEL = "llama-8b"
 PER_RANK = (4, 16)
 """Packs per rank per global batch: ``GBS = DP x 4`` and ``DP x 16``."""
-BASELINE, DEAL, REGROUP = "baseline", "deal", "regroup"
 PLAN_DEAL, PLAN_REGROUP = "plan+deal", "plan+regroup"
 GOAL_CONTENDER = REGROUP
 GOAL_BASELINE_ABOVE = 0.05
@@ -117,115 +115,6 @@ def samples_for(distribution: str, pack_size: int, min_packs: int, seed: int, de
     """
     pilot = make_lengths(distribution, 100_000, pack_size, seed + 1, demo)
     return math.ceil(1.02 * min_packs * pack_size / pilot.mean())
-
-
-# --- all ranks at once, as the samplers deal them ----------------------------------------------------
-
-
-def simulate(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, epoch: int) -> np.ndarray:
-    """Every rank's dataset indices per step of one epoch, int64 ``[steps, DP, GBS / DP]``.
-
-    Row ``[s, d]`` is what rank ``d``'s sampler yields at step ``s`` (``drop_last``, so no padding):
-
-    - ``baseline``: ``PackedBatchSampler._batch`` takes ``batch[d::DP]`` of each global batch;
-    - ``deal``: ``BalancedPackedBatchSampler._batch`` with ``regroup=False`` deals each global batch
-      with ``deal_balanced`` on its costs;
-    - ``regroup``: the same with ``regroup=True`` runs ``balanced_steps`` once over the epoch's permuted
-      costs with ``regroup_generator(seed, epoch)``, its packs in the sampler's cost order.
-
-    `verify_simulation` checks this against real per-rank samplers.
-    """
-    per_rank = gbs // dp
-    if contender == BASELINE:
-        sampler = PackedBatchSampler(
-            len(costs),
-            dataloader_type="batch",
-            micro_batch_size=1,
-            global_batch_size=gbs,
-            data_parallel_rank=0,
-            data_parallel_size=dp,
-            seed=seed,
-        )
-        batches = np.stack(list(sampler._global_batches(epoch, 0)))  # [steps, GBS]
-        return batches.reshape(-1, per_rank, dp).transpose(0, 2, 1)
-    sampler = BalancedPackedBatchSampler(
-        costs,
-        global_batch_size=gbs,
-        data_parallel_rank=0,
-        data_parallel_size=dp,
-        seed=seed,
-        regroup=contender == REGROUP,
-    )
-    if contender == DEAL:
-        batches = list(sampler._global_batches(epoch, 0))
-        return np.stack([batch[deal_balanced(sampler.pack_costs[batch], dp)] for batch in batches])
-    if contender == REGROUP:
-        whole_steps = sampler.total_samples // gbs
-        order = sampler._permutation(sampler.total_samples, epoch)[: whole_steps * gbs]
-        steps = balanced_steps(
-            sampler.pack_costs[order],
-            dp,
-            per_rank,
-            regroup_generator(seed, epoch),
-            heaviest_first=sampler._heaviest_first_positions(order),
-        )
-        return order[steps]
-    raise ValueError(f"contender {contender!r} is not one of {(BASELINE, DEAL, REGROUP)}")
-
-
-def real_ranks(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, epoch: int) -> np.ndarray:
-    """The same as `simulate`, from ``DP`` real samplers iterated epoch ``epoch``: slow, for checks."""
-    rows = []
-    for rank in range(dp):
-        if contender == BASELINE:
-            sampler = PackedBatchSampler(
-                len(costs),
-                dataloader_type="batch",
-                micro_batch_size=1,
-                global_batch_size=gbs,
-                data_parallel_rank=rank,
-                data_parallel_size=dp,
-                seed=seed,
-            )
-        else:
-            sampler = BalancedPackedBatchSampler(
-                costs,
-                global_batch_size=gbs,
-                data_parallel_rank=rank,
-                data_parallel_size=dp,
-                seed=seed,
-                regroup=contender == REGROUP,
-            )
-        sampler.consumed_samples = epoch * sampler.samples_per_epoch
-        rows.append(np.array(list(sampler), dtype=np.int64))  # [steps, GBS / DP]
-    return np.stack(rows, axis=1)
-
-
-def verify_simulation(seed: int) -> dict[str, bool]:
-    """`simulate` against real per-rank samplers, index for index, on small configurations.
-
-    Costs with ties (rounded) and a pack count that leaves a dropped tail; DP 8 with 1, 4 and 16 packs
-    per rank, epochs 0 and 1.
-    """
-    rng = np.random.default_rng(seed)
-    costs = np.round(rng.lognormal(0.0, 1.0, size=389), 1)
-    checks = {}
-    for contender in (BASELINE, DEAL, REGROUP):
-        for per_rank in (1, 4, 16):
-            for epoch in (0, 1):
-                simulated = simulate(contender, costs, 8, 8 * per_rank, seed, epoch)
-                real = real_ranks(contender, costs, 8, 8 * per_rank, seed, epoch)
-                key = f"{contender}: DP 8, GBS {8 * per_rank}, {len(costs)} packs, epoch {epoch}"
-                checks[key] = simulated.shape == real.shape and bool((simulated == real).all())
-    return checks
-
-
-def overhead(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, epochs: int) -> dict:
-    """Straggler overhead of one contender over ``epochs`` epochs, with the step count."""
-    rank_costs = np.concatenate(
-        [costs[simulate(contender, costs, dp, gbs, seed, epoch)].sum(axis=2) for epoch in range(epochs)]
-    )  # [steps, DP]
-    return {"overhead": straggler_overhead(rank_costs), "steps": len(rank_costs)}
 
 
 # --- the grid ----------------------------------------------------------------------------------------
@@ -332,15 +221,7 @@ def run_pack_size(
 def time_samplers(costs: np.ndarray, dp: int, gbs_values: list[int], repeats: int, seed: int) -> list[dict]:
     """Rank 0 of each real sampler iterating epoch 0: ms per global batch and first-batch latency."""
     makers: dict[str, Callable[[int], object]] = {
-        BASELINE: lambda gbs: PackedBatchSampler(
-            len(costs),
-            dataloader_type="batch",
-            micro_batch_size=1,
-            global_batch_size=gbs,
-            data_parallel_rank=0,
-            data_parallel_size=dp,
-            seed=seed,
-        ),
+        BASELINE: lambda gbs: baseline_sampler(len(costs), gbs, dp, 0, seed),
         DEAL: lambda gbs: BalancedPackedBatchSampler(
             costs, global_batch_size=gbs, data_parallel_size=dp, seed=seed, regroup=False
         ),
