@@ -15,6 +15,7 @@ __all__ = ["LongSamples", "OutputFormat", "PackConfig"]
 
 LongSamples = Literal["truncate", "drop", "error"]
 OutputFormat = Literal["parquet", "npy"]
+Engine = Literal["local", "ray"]
 
 
 @dataclass(kw_only=True)
@@ -37,7 +38,12 @@ class PackConfig:
             ``drop`` leaves them out, ``error`` stops the run.
         pad_to_max_length, pad_cu_seqlens: recorded for the runtime collate (fixed width; static
             boundary shapes for CUDA graphs, which needs the fixed width).
-        workers: tokenization processes.
+        workers: tokenization processes (``local``), or tokenizer actors (``ray``; None: one per CPU of
+            the cluster).
+        engine: where tokenization runs: ``local`` worker processes, or a Ray cluster (``ray``,
+            `tightpack.ray_engine`); the output is byte-identical.
+        ray_address: with ``engine="ray"``: ``auto`` or ``host:port`` joins a running cluster; None
+            starts a local one for the run.
         reuse_store: keep the finished token store in the cache (``$TIGHTPACK_CACHE/stores``) and
             reuse it when the inputs, tokenizer and sample format are the same again.
         skip_bad_lines: count and report bad rows instead of stopping at the first one.
@@ -58,7 +64,9 @@ class PackConfig:
     long_samples: LongSamples = "truncate"
     pad_to_max_length: bool = False
     pad_cu_seqlens: bool = False
-    workers: int = 1
+    workers: int | None = 1
+    engine: Engine = "local"
+    ray_address: str | None = None
     reuse_store: bool = True
     skip_bad_lines: bool = False
     row_group_size: int | None = None
@@ -113,17 +121,24 @@ class PackConfig:
             raise TightpackError(
                 "--pad-cu-seqlens needs --pad-to-max-length (static shapes need a fixed width)"
             )
-        if self.workers < 1:
+        check_choice("--engine", self.engine, get_args(Engine))
+        if self.workers is None and self.engine != "ray":
+            raise TightpackError("workers=None (one per CPU of the cluster) needs engine='ray'")
+        if self.workers is not None and self.workers < 1:
             raise TightpackError(f"--workers must be at least 1, got {self.workers}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise TightpackError("--ray-address needs --engine ray")
         if self.row_group_size is not None and self.row_group_size < 1:
             raise TightpackError(f"row_group_size must be at least 1, got {self.row_group_size}")
         check_choice("--output-format", self.output_format, get_args(OutputFormat))
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
 
     def settings(self) -> dict[str, Any]:
-        """Everything that changes the output (not ``workers``, ``reuse_store``: the output is the same)."""
+        """Everything that changes the output (not ``workers``, ``reuse_store``, ``engine``,
+        ``ray_address``: the output is the same)."""
         values = asdict(self)
-        values.pop("workers")
+        for same_output in ("workers", "engine", "ray_address"):
+            values.pop(same_output)
         values.pop("reuse_store")
         values.update(
             pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size

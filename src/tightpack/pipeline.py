@@ -258,16 +258,18 @@ def _tokenize(
             )
         shutil.rmtree(folder, ignore_errors=True)  # its cut texts are too short for this larger cap
     try:
-        report = tokenize_to_store(
-            _chunks(sources),
-            spec,
-            config.format,
-            store_dir,
-            workers=config.workers,
-            skip_bad_rows=config.skip_bad_lines,
-            on_rows=progress.advance,
-            text_budget=budget,
-        )
+        with _executor(config) as (workers, encode_chunks):
+            report = tokenize_to_store(
+                _chunks(sources),
+                spec,
+                config.format,
+                store_dir,
+                workers=workers,
+                skip_bad_rows=config.skip_bad_lines,
+                on_rows=progress.advance,
+                text_budget=budget,
+                encode_chunks=encode_chunks,
+            )
     except BaseException:
         shutil.rmtree(store_dir, ignore_errors=True)
         raise
@@ -283,6 +285,18 @@ def _tokenize(
     return TokenizeReport(
         TokenStore.open(folder), report.rows_read, report.bad_rows, texts_cut=report.texts_cut
     )
+
+
+@contextmanager
+def _executor(config: PackConfig) -> Iterator[tuple[int, Any]]:
+    """``(workers, encode_chunks)`` for `tokenize_to_store`: local processes, or a Ray cluster's actors."""
+    if config.engine == "local":
+        yield config.workers, None
+        return
+    from tightpack.ray_engine import RayEncoder, ray_cluster
+
+    with ray_cluster(config.ray_address, config.workers) as actors:
+        yield 1, RayEncoder(actors, uuid.uuid4().hex[:8])
 
 
 def _text_budget(spec: TokenizerSpec, config: PackConfig) -> int:
@@ -370,6 +384,7 @@ def _manifest(config, spec, sources, counts, stats, files, excluded, bad_rows) -
     return {
         "format": MANIFEST_FORMAT,
         "tightpack_version": __version__,
+        "engine": config.engine,
         "fingerprint": run_fingerprint,
         "settings": settings,
         "tokenizer": {

@@ -41,6 +41,7 @@ TruncationMethod = _choices("TruncationMethod", get_args(formats.TruncationMetho
 ChatTruncation = _choices("ChatTruncation", get_args(formats.ChatTruncation))
 OLDEST_TURNS = ChatTruncation("oldest-turns")
 OutputFormat = _choices("OutputFormat", get_args(pack_config.OutputFormat))
+Engine = _choices("Engine", get_args(pack_config.Engine))
 
 
 def _version(value: bool) -> None:

@@ -17,6 +17,7 @@ from tightpack.cli.app import (
     OLDEST_TURNS,
     Algorithm,
     ChatTruncation,
+    Engine,
     Format,
     LongSamples,
     LossOn,
@@ -130,7 +131,21 @@ def pack(
         bool, typer.Option("--pad-cu-seqlens", help="Record: static boundary shapes (CUDA graphs).")
     ] = False,
     workers: Annotated[
-        int | None, typer.Option(help="Tokenization processes (default: the CPU count).")
+        int | None,
+        typer.Option(
+            help="Tokenization processes (default: the CPU count); with --engine ray, tokenizer actors "
+            "(default: one per CPU of the cluster)."
+        ),
+    ] = None,
+    engine: Annotated[
+        Engine,
+        typer.Option(help="Where tokenization runs: local processes, or a Ray cluster (tightpack[ray])."),
+    ] = Engine.local,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --engine ray: 'auto' or host:port joins a running cluster; default: a local one."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of first_fit_shuffle.")] = 0,
     reuse: Annotated[
@@ -186,7 +201,9 @@ def pack(
         long_samples=long_samples.value,
         pad_to_max_length=pad_to_max_length,
         pad_cu_seqlens=pad_cu_seqlens,
-        workers=_default_workers() if workers is None else workers,
+        workers=workers if workers is not None else None if engine == Engine.ray else _default_workers(),
+        engine=engine.value,
+        ray_address=ray_address,
         reuse_store=reuse,
         skip_bad_lines=skip_bad_lines,
         output_format=output_format.value,

@@ -413,6 +413,7 @@ def tokenize_to_store(
     skip_bad_rows: bool = False,
     on_rows: Callable[[int], None] | None = None,
     text_budget: int | None = None,
+    encode_chunks: Callable[[Encoder, Iterator[Chunk]], Iterator[ChunkResult]] | None = None,
 ) -> TokenizeReport:
     """Tokenize every chunk into a token store at ``store_dir``.
 
@@ -422,6 +423,9 @@ def tokenize_to_store(
         workers: K processes; 1 tokenizes in this process. The store is identical for any K.
         skip_bad_rows: count and report bad rows instead of failing on the first one.
         on_rows: called with the number of rows of each finished chunk (progress).
+        encode_chunks: another executor, ``encode_chunks(encoder, chunks)`` yielding the `ChunkResult`
+            of every chunk in order (e.g. a Ray cluster's, `tightpack.ray_engine`); ``workers`` is then
+            unused. The store is the same whichever executor encodes.
 
     Raises:
         TightpackError: on the first bad row (in input order) unless ``skip_bad_rows``.
@@ -445,7 +449,10 @@ def tokenize_to_store(
             on_rows(result.rows)
 
     encoder = Encoder(spec, config, text_budget)
-    if workers == 1:
+    if encode_chunks is not None:
+        for result in encode_chunks(encoder, chunks):
+            consume(result)
+    elif workers == 1:
         for result in _tokenize_in_process(encoder, chunks):
             consume(result)
     else:

@@ -1,0 +1,183 @@
+"""``--engine ray``: the local engine's bytes, counts and errors, on a real Ray cluster (issue 14).
+
+One local Ray cluster of two CPUs for the module (start-up takes seconds). Every test compares a Ray
+run with a local run of the same inputs and settings, output file by output file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tightpack.errors import TightpackError
+from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.prepare.sources import default_corpus
+
+from .conftest import write_jsonl
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, namespace="tightpack", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def pack_both(inputs, tmp_path: Path, name: str, workers: int = 2, **settings):
+    """The same inputs packed by the local engine and by Ray; returns both results."""
+    results = {}
+    for engine in ("local", "ray"):
+        config = PackConfig(engine=engine, workers=workers, reuse_store=False, **settings)
+        results[engine] = pack_dataset(inputs, tmp_path / f"{name}-{engine}", config)
+    return results["local"], results["ray"]
+
+
+def assert_same_output(local, ray_result) -> None:
+    """Every file byte-identical, except the manifest's ``engine``."""
+    local_files = sorted(p.name for p in local.output.iterdir())
+    assert local_files == sorted(p.name for p in ray_result.output.iterdir())
+    assert any(name.endswith(".parquet") for name in local_files)
+    for name in local_files:
+        if name == "manifest.json":
+            continue
+        assert (local.output / name).read_bytes() == (ray_result.output / name).read_bytes(), name
+    manifests = [json.loads((r.output / "manifest.json").read_text()) for r in (local, ray_result)]
+    assert [m.pop("engine") for m in manifests] == ["local", "ray"]
+    assert manifests[0] == manifests[1]
+
+
+@pytest.fixture(scope="module")
+def demo_rows(tmp_path_factory) -> Path:
+    """The first 2,048 conversations of the demo corpus as a JSONL file (four chunks of 512 rows)."""
+    rows = [row for chunk in default_corpus().read(0, 512) for row in chunk.parsed_rows()][:2048]
+    return write_jsonl(tmp_path_factory.mktemp("demo") / "demo.jsonl", rows)
+
+
+def test_the_demo_corpus_packs_to_the_same_bytes(tmp_path):
+    local, ray_result = pack_both(None, tmp_path, "demo", workers=2, packed_sequence_size=4096)
+    assert local.counts["samples_in"] == 7168
+    assert_same_output(local, ray_result)
+
+
+def test_one_actor_packs_the_same_bytes(tmp_path, demo_rows):
+    local, ray_result = pack_both([demo_rows], tmp_path, "one", workers=1, packed_sequence_size=1024)
+    assert local.counts["samples_in"] == 2048
+    assert_same_output(local, ray_result)
+
+
+def mixed_inputs(folder: Path, chat_rows: list[dict]) -> list[Path]:
+    """Two JSONL files and a Parquet file: chat and prompt-completion rows, bad lines, a sample far
+    over the cap, and rows with nothing to supervise."""
+    first = write_jsonl(folder / "a.jsonl", chat_rows[:40])
+    with first.open("a", encoding="utf-8") as handle:
+        handle.write("{not json\n")
+        handle.write(json.dumps({"input": "long " * 900, "output": "answer"}) + "\n")
+        handle.write(json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n")
+    second = write_jsonl(folder / "b.jsonl", [{"input": f"q {i}", "output": f"a {i}"} for i in range(300)])
+    table = pa.Table.from_pylist(
+        [{"input": f"p {i} " * (i % 50), "output": "x" * (i % 7)} for i in range(700)]
+    )
+    third = folder / "c.parquet"
+    pq.write_table(table, third)
+    return [first, second, third]
+
+
+def test_files_with_bad_rows_long_samples_and_no_supervision_give_the_same_bytes_and_counts(
+    tmp_path, chat_rows
+):
+    inputs = mixed_inputs(tmp_path, chat_rows)
+    local, ray_result = pack_both(
+        inputs, tmp_path, "mixed", packed_sequence_size=256, skip_bad_lines=True, long_samples="truncate"
+    )
+    assert local.counts["bad_rows"] == 1 and local.counts["truncated"] >= 1
+    assert local.counts["no_supervised"] >= 1
+    assert [row.location for row in local.bad_rows] == [row.location for row in ray_result.bad_rows]
+    assert local.counts == ray_result.counts
+    assert_same_output(local, ray_result)
+
+
+def test_the_first_bad_row_stops_the_run_with_the_local_message(tmp_path, chat_rows):
+    inputs = mixed_inputs(tmp_path, chat_rows)
+    messages = []
+    for engine in ("local", "ray"):
+        config = PackConfig(packed_sequence_size=256, engine=engine, workers=2, reuse_store=False)
+        with pytest.raises(TightpackError) as raised:
+            pack_dataset(inputs, tmp_path / f"out-{engine}", config)
+        messages.append(str(raised.value))
+        assert not (tmp_path / f"out-{engine}").exists()
+    assert messages[0] == messages[1]
+    assert "a.jsonl:41" in messages[0]
+
+
+class KillAnActor:
+    """A progress display that kills one tokenizer actor after the first chunk is done."""
+
+    def __init__(self) -> None:
+        self.killed: list[str] = []
+
+    def begin(self, stage, total) -> None:
+        pass
+
+    def advance(self, amount) -> None:
+        if self.killed:
+            return
+        from tightpack.ray_engine import ACTOR_NAME_PREFIX
+
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        mine = sorted(name for name in names if name.startswith(ACTOR_NAME_PREFIX))
+        if mine:
+            ray.kill(ray.get_actor(mine[0], namespace="tightpack"), no_restart=False)
+            self.killed.append(mine[0])
+
+    def end(self) -> None:
+        pass
+
+
+def test_a_killed_actor_is_restarted_and_the_output_does_not_change(tmp_path, demo_rows):
+    settings = {"packed_sequence_size": 1024, "reuse_store": False}
+    local = pack_dataset([demo_rows], tmp_path / "local", PackConfig(**settings))
+    progress = KillAnActor()
+    config = PackConfig(engine="ray", workers=2, **settings)
+    ray_result = pack_dataset([demo_rows], tmp_path / "ray", config, progress=progress)
+    assert progress.killed  # an actor did die mid-run
+    assert_same_output(local, ray_result)
+
+
+def test_the_cli_runs_on_ray_and_refuses_a_ray_address_without_it(tmp_path):
+    source = write_jsonl(tmp_path / "s.jsonl", [{"input": f"q {i}", "output": f"a {i}"} for i in range(50)])
+    run = [sys.executable, "-m", "tightpack.cli", "pack", str(source), "--pack-size", "64", "--no-reuse"]
+    refused = subprocess.run(
+        [*run, "-o", str(tmp_path / "x"), "--ray-address", "auto"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "--ray-address needs --engine ray" in refused.stderr
+
+
+def test_without_ray_installed_the_engine_is_one_line_naming_the_extra(tmp_path):
+    source = write_jsonl(tmp_path / "s.jsonl", [{"input": "q", "output": "a"}])
+    code = (
+        "import sys; sys.modules['ray'] = None; from tightpack.cli import main; "
+        f"sys.exit(main(['pack', {str(source)!r}, '-o', {str(tmp_path / 'o')!r}, '--pack-size', '64', "
+        "'--engine', 'ray', '--no-reuse']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "pip install 'tightpack[ray]'" in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_runs_in_a_process_with_a_cluster_leave_it_running(tmp_path, demo_rows):
+    """The module's cluster is the caller's: a run neither shuts it down nor starts another."""
+    config = PackConfig(packed_sequence_size=1024, engine="ray", workers=1, reuse_store=False)
+    address = ray.get_runtime_context().gcs_address
+    for name in ("one", "two"):
+        pack_dataset([demo_rows], tmp_path / name, config)
+        assert ray.is_initialized() and ray.get_runtime_context().gcs_address == address
