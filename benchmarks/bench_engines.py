@@ -97,7 +97,7 @@ def write_corpus(folder: Path, tokens: int) -> tuple[Path, Path]:
     partial = corpus.with_suffix(".partial")
     with open(partial, "w", encoding="utf-8") as handle:
         while written < tokens:
-            for row, count in zip(rows, counts):
+            for row, count in zip(rows, counts, strict=True):
                 handle.write(json.dumps(copy_of(row, copy)) + "\n")
                 written, lines = written + count, lines + 1
                 if written >= tokens:
@@ -105,11 +105,15 @@ def write_corpus(folder: Path, tokens: int) -> tuple[Path, Path]:
             copy += 1
     partial.rename(corpus)
     partial = tiny.with_suffix(".partial")
-    partial.write_text("".join(json.dumps(copy_of(row, 0)) + "\n" for row in rows[:TINY_ROWS]), encoding="utf-8")
+    partial.write_text(
+        "".join(json.dumps(copy_of(row, 0)) + "\n" for row in rows[:TINY_ROWS]), encoding="utf-8"
+    )
     partial.rename(tiny)
     seconds = time.perf_counter() - start
     size = corpus.stat().st_size / MIB
-    print(f"corpus: wrote {lines:,} rows ({copy} copies, ~{written:,} tokens, {size:,.0f} MiB) in {seconds:.1f} s")
+    print(
+        f"corpus: wrote {lines:,} rows ({copy} copies, ~{written:,} tokens, {size:,.0f} MiB), {seconds:.1f} s"
+    )
     return corpus, tiny
 
 
@@ -160,8 +164,8 @@ def run_pack(command: list[str], env: dict[str, str], output: Path, interval: fl
                     samples += 1
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     pass  # exited between two samples
-                try:
-                    returncode = process.wait(timeout=interval)  # returns as soon as it exits: exact wall time
+                try:  # returns as soon as the driver exits: the wall time is exact, not rounded to a sample
+                    returncode = process.wait(timeout=interval)
                     break
                 except psutil.TimeoutExpired:
                     continue
@@ -179,7 +183,9 @@ def identical_outputs(first: Path, second: Path) -> tuple[bool, list[str]]:
     names = sorted({path.name for folder in (first, second) for path in folder.glob("packs-*.parquet")})
     names.append("metadata.json")
     same = all(
-        (first / name).is_file() and (second / name).is_file() and filecmp.cmp(first / name, second / name, shallow=False)
+        (first / name).is_file()
+        and (second / name).is_file()
+        and filecmp.cmp(first / name, second / name, shallow=False)
         for name in names
     )
     return same, names
@@ -259,7 +265,8 @@ def main() -> None:
     bound = 0.5 * GB + 16 * samples
     print()
     print(f"corpus: {samples:,} samples, {local['tokens_in']:,} tokens (manifest tokens_in)")
-    print(f"{'engine':>6}  {'best (s)':>8}  {'median (s)':>10}  {'tokens/s/worker':>15}  {'driver peak RSS':>15}")
+    columns = ("best (s)", "median (s)", "tokens/s/worker", "driver peak RSS")
+    print(f"{'engine':>6}  {columns[0]:>8}  {columns[1]:>10}  {columns[2]:>15}  {columns[3]:>15}")
     for engine in ENGINES:
         row = result[engine]
         memory = row["driver_peak_rss_bytes"]
