@@ -63,7 +63,7 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[int]:
     if not ray.is_initialized():
         options = {"namespace": _NAMESPACE, "include_dashboard": False, "log_to_driver": False}
         if address is None:
-            options["num_cpus"] = workers or len(os.sched_getaffinity(0))
+            options["num_cpus"] = workers or _cpu_count()
         try:
             ray.init(address=address, **options)
         except ConnectionError as error:
@@ -78,6 +78,10 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[int]:
     finally:
         if started:
             ray.shutdown()
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class RayEncoder:
