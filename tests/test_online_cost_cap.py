@@ -104,7 +104,9 @@ def capped_cases(draw: st.DrawFn) -> dict:
 def test_packs_stay_under_the_cap_meet_deadlines_count_and_resume():
     totals: Counter = Counter()
 
-    @settings(max_examples=examples(100), deadline=None)
+    # Derandomized: the coverage floors below count properties of the generated examples, so the
+    # examples must be the same on every machine and run (a random draw once fell below a floor).
+    @settings(max_examples=examples(100), deadline=None, derandomize=True, database=None)
     @given(case=capped_cases(), data=st.data())
     def check(case: dict, data: st.DataObject) -> None:
         lengths, config = case["lengths"], case["config"]
