@@ -1,5 +1,8 @@
 """``--engine ray`` across simulated nodes, and a driver killed mid-run (issue 14).
 
+The killed driver's test runs last in the module: what it leaves behind for a while (Ray's agents,
+ended by the test) must not meet the two-node cluster.
+
 A `ray.cluster_utils.Cluster` of two nodes of one CPU each, every node with its own raylet and worker
 processes, packs into a folder both can reach; the killed driver is a real ``tightpack pack`` process
 with its own local cluster.
@@ -7,6 +10,7 @@ with its own local cluster.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -27,6 +31,37 @@ ray = pytest.importorskip("ray")
 def demo_rows(tmp_path_factory) -> Path:
     rows = [row for chunk in default_corpus().read(0, 512) for row in chunk.parsed_rows()][:2048]
     return write_jsonl(tmp_path_factory.mktemp("demo") / "demo.jsonl", rows)
+
+
+@pytest.fixture
+def two_nodes():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+def test_two_nodes_pack_the_local_engines_bytes_into_a_shared_folder(tmp_path, demo_rows, two_nodes):
+    assert len(two_nodes.list_all_nodes()) == 2
+    settings = {"packed_sequence_size": 1024, "reuse_store": False}
+    local = pack_dataset([demo_rows], tmp_path / "local", PackConfig(workers=1, **settings))
+    # --ray-address joins the running cluster; two actors of one CPU each on two one-CPU nodes: one
+    # actor per node, each in its node's own worker process.
+    config = PackConfig(engine="ray", workers=None, ray_address=two_nodes.address, **settings)
+    distributed = pack_dataset([demo_rows], tmp_path / "shared", config)
+    for path in local.output.iterdir():
+        if path.name != "manifest.json":
+            assert path.read_bytes() == (distributed.output / path.name).read_bytes(), path.name
+    assert distributed.counts == local.counts
+    assert not ray.is_initialized()  # the run disconnected from the cluster it joined ...
+    ray.init(address=two_nodes.address, log_to_driver=False)
+    try:  # ... and left it running
+        assert len([node for node in ray.nodes() if node["Alive"]]) == 2
+    finally:
+        ray.shutdown()
 
 
 def descendants(pid: int) -> set[int]:
@@ -88,36 +123,10 @@ def test_a_driver_killed_mid_run_leaves_the_previous_output_and_no_cluster(tmp_p
             break
         time.sleep(0.1)
     assert not left, left
+    # Ray's slow agents still hold their ports (the dashboard agent's 52365): a cluster started before
+    # they notice fails to start its own. They are orphans of the killed run; end them here.
+    for pid in cluster:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
     subprocess.run([*pack, "--overwrite", "--workers", "1"], check=True, capture_output=True)
     assert not any(tmp_path.glob(".out.partial-*"))  # the next run swept the killed one's folder
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
-
-
-def test_two_nodes_pack_the_local_engines_bytes_into_a_shared_folder(tmp_path, demo_rows, two_nodes):
-    assert len(two_nodes.list_all_nodes()) == 2
-    settings = {"packed_sequence_size": 1024, "reuse_store": False}
-    local = pack_dataset([demo_rows], tmp_path / "local", PackConfig(workers=2, **settings))
-    # --ray-address joins the running cluster; two actors of one CPU each on two one-CPU nodes: one
-    # actor per node, each in its node's own worker process.
-    config = PackConfig(engine="ray", workers=None, ray_address=two_nodes.address, **settings)
-    distributed = pack_dataset([demo_rows], tmp_path / "shared", config)
-    for path in local.output.iterdir():
-        if path.name != "manifest.json":
-            assert path.read_bytes() == (distributed.output / path.name).read_bytes(), path.name
-    assert distributed.counts == local.counts
-    assert not ray.is_initialized()  # the run disconnected from the cluster it joined ...
-    ray.init(address=two_nodes.address, log_to_driver=False)
-    try:  # ... and left it running
-        assert len([node for node in ray.nodes() if node["Alive"]]) == 2
-    finally:
-        ray.shutdown()

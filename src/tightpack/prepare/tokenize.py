@@ -457,8 +457,11 @@ def tokenize_to_store(
             consume(result)
     else:
         # Fork on Linux: workers start at once and inherit the loaded tokenizer
-        # (as PyTorch's DataLoader workers do); elsewhere spawn, the safe default there.
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        # (as PyTorch's DataLoader workers do); elsewhere spawn, the safe default there. Not in a
+        # process connected to Ray: a fork copies locks its threads hold, and the child can hang.
+        ray = sys.modules.get("ray")
+        threaded = ray is not None and ray.is_initialized()
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" and not threaded else "spawn")
         with context.Pool(workers, initializer=_init_worker, initargs=(encoder, True)) as pool:
             pending: deque = deque()
             for chunk in chunks:
