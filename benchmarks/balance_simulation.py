@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tightpack.core.balance import balanced_steps, deal_balanced, regroup_generator, straggler_overhead
+from tightpack.core.balance import deal_balanced, straggler_overhead
 from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler
 from tightpack.runtime.samplers import PackedBatchSampler
 
@@ -39,7 +39,7 @@ def simulate(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, ep
     - ``deal``: ``BalancedPackedBatchSampler._batch`` with ``regroup=False`` deals each global batch
       with ``deal_balanced`` on its costs;
     - ``regroup``: the same with ``regroup=True`` runs ``balanced_steps`` once over the epoch's permuted
-      costs with ``regroup_generator(seed, epoch)``, its packs in the sampler's cost order.
+      costs (``_regrouped_steps``, all ranks at once).
 
     `verify_simulation` checks this against real per-rank samplers.
     """
@@ -60,16 +60,7 @@ def simulate(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, ep
         batches = list(sampler._global_batches(epoch, 0))
         return np.stack([batch[deal_balanced(sampler.pack_costs[batch], dp)] for batch in batches])
     if contender == REGROUP:
-        whole_steps = sampler.total_samples // gbs
-        order = sampler._permutation(sampler.total_samples, epoch)[: whole_steps * gbs]
-        steps = balanced_steps(
-            sampler.pack_costs[order],
-            dp,
-            per_rank,
-            regroup_generator(seed, epoch),
-            heaviest_first=sampler._heaviest_first_positions(order),
-        )
-        return order[steps]
+        return sampler._regrouped_steps(epoch)
     raise ValueError(f"contender {contender!r} is not one of {(BASELINE, DEAL, REGROUP)}")
 
 

@@ -162,15 +162,7 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
     def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
         whole_steps = self.total_samples // self.step
         if self.regroup and offset < whole_steps * self.step:
-            order = self._permutation(self.total_samples, epoch)[: whole_steps * self.step]
-            steps = balanced_steps(
-                self.pack_costs[order],
-                self.ranks,
-                self.step // self.ranks,
-                regroup_generator(self.seed, epoch),
-                heaviest_first=self._heaviest_first_positions(order),
-            )
-            mine = order[steps[:, self.rank]]  # [steps, GBS / DP]
+            mine = self._regrouped_steps(epoch)[:, self.rank]  # [steps, GBS / DP]
             # A consumed_samples inside a global batch (never written by this sampler) skips that batch.
             for indices in mine[-(-offset // self.step) :]:
                 yield indices.tolist()
@@ -180,6 +172,18 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
             # which cost the same compute, so it is costed as that index.
             costs = self.pack_costs[positions]
             yield positions[deal_balanced(costs, self.ranks)[self.rank]].tolist()
+
+    def _regrouped_steps(self, epoch: int) -> np.ndarray:
+        """Every rank's indices for each whole global batch of ``epoch``: int64 ``[steps, DP, GBS / DP]``."""
+        order = self._permutation(self.total_samples, epoch)[: self.total_samples // self.step * self.step]
+        steps = balanced_steps(
+            self.pack_costs[order],
+            self.ranks,
+            self.step // self.ranks,
+            regroup_generator(self.seed, epoch),
+            heaviest_first=self._heaviest_first_positions(order),
+        )
+        return order[steps]
 
     def _heaviest_first_positions(self, order: np.ndarray) -> np.ndarray:
         """Positions into ``order`` (a subset of the indices) by decreasing cost, ties by index.
