@@ -7,6 +7,8 @@ run with a local run of the same inputs and settings, output file by output file
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 
 from tightpack.errors import TightpackError
 from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.prepare import file_ranges
 from tightpack.prepare.sources import default_corpus
 
 from .conftest import write_jsonl
@@ -26,8 +29,12 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
+    """The module's cluster; files are cut into ranges of 64 KiB, so that every input file here is
+    several pieces of work (the default, 32 MiB, would make each one piece)."""
     ray.init(num_cpus=2, include_dashboard=False, namespace="tightpack", log_to_driver=False)
-    yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(file_ranges, "RANGE_BYTES", 1 << 16)
+        yield
     ray.shutdown()
 
 
@@ -69,6 +76,13 @@ def demo_rows(tmp_path_factory) -> Path:
 def test_the_demo_corpus_packs_to_the_same_bytes(tmp_path, demo_rows, workers):
     local, ray_result = pack_both([demo_rows], tmp_path, "demo", workers=workers, packed_sequence_size=1024)
     assert local.counts["samples_in"] == 2048
+    assert_same_output(local, ray_result)
+
+
+def test_the_embedded_demo_corpus_travels_from_the_driver_and_packs_to_the_same_bytes(tmp_path):
+    """The embedded corpus lives in the driver's memory: its chunks of rows are the pieces of work."""
+    local, ray_result = pack_both(None, tmp_path, "embedded", packed_sequence_size=2048)
+    assert local.counts["samples_in"] == 7168
     assert_same_output(local, ray_result)
 
 
@@ -117,37 +131,36 @@ def test_the_first_bad_row_stops_the_run_with_the_local_message(tmp_path, chat_r
     assert "a.jsonl:41" in messages[0]
 
 
-class KillAnActor:
-    """A progress display that kills one tokenizer actor after the first chunk is done."""
+class KillATokenizer:
+    """A progress display that kills a tokenizer actor's process (as the OOM killer would) when the
+    first piece is done."""
 
     def __init__(self) -> None:
-        self.killed: list[str] = []
+        self.stage, self.killed = None, []
 
     def begin(self, stage, total) -> None:
-        pass
+        self.stage = stage
 
     def advance(self, amount) -> None:
-        if self.killed:
+        if self.stage != "tokenize" or self.killed:
             return
-        from tightpack.ray_engine import ACTOR_NAME_PREFIX
-
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-        mine = sorted(name for name in names if name.startswith(ACTOR_NAME_PREFIX))
-        if mine:
-            ray.kill(ray.get_actor(mine[0], namespace="tightpack"), no_restart=False)
-            self.killed.append(mine[0])
+        found = subprocess.run(["pgrep", "-f", r"MapWorker\(MapBatches\(_Tokenizer\)\)"], capture_output=True)
+        pids = [int(pid) for pid in found.stdout.split()]
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            self.killed.append(pids[0])
 
     def end(self) -> None:
         pass
 
 
-def test_a_killed_actor_is_restarted_and_the_output_does_not_change(tmp_path, demo_rows):
+def test_a_killed_tokenizer_is_restarted_and_the_output_does_not_change(tmp_path, demo_rows):
     settings = {"packed_sequence_size": 1024, "reuse_store": False}
     local = pack_dataset([demo_rows], tmp_path / "local", PackConfig(**settings))
-    progress = KillAnActor()
+    progress = KillATokenizer()
     config = PackConfig(engine="ray", workers=2, **settings)
     ray_result = pack_dataset([demo_rows], tmp_path / "ray", config, progress=progress)
-    assert progress.killed  # an actor did die mid-run
+    assert progress.killed  # a tokenizer did die mid-run
     assert_same_output(local, ray_result)
 
 

@@ -19,6 +19,7 @@ too long for any cap (`_text_budget`) loses its middle before tokenizing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -60,7 +61,7 @@ from tightpack.output_folder import (
 )
 from tightpack.pack_config import PackConfig
 from tightpack.prepare.sources import open_sources
-from tightpack.prepare.tokenize import BadRow, TokenizeReport, max_token_bytes, tokenize_to_store
+from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.sample_accounting import account_samples
 
@@ -150,7 +151,6 @@ def _pack(
     """`pack_dataset` once the output folder is held and checked (``target``: resolved ``output``)."""
     times: dict[str, float] = {}
     notes: list[str] = []
-    cost_balance = None
     with _stage("load", None, _NoProgress(), times):
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         sources = open_sources(inputs, split=split)
@@ -158,45 +158,56 @@ def _pack(
     staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     claim(staging)
     try:
-        estimates = [source.estimated_rows for source in sources]
-        with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
-            report = _tokenize(sources, spec, config, staging, progress, notes)
-        store = report.store
-
-        with _stage("plan", 1, progress, times):
-            counts, keep, aligned, excluded, overlay = account_samples(store, config, report, staging)
-            if counts["samples_in"] == 0:
-                names = ", ".join(source.name for source in sources)
-                raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
-            if not keep.any():
-                raise TightpackError(
-                    f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
-                    f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
-                )
-            kept = np.flatnonzero(keep)
-            local_plan = plan_packs(
-                aligned[kept], config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed
-            )
-            if config.balance_costs is not None:
-                local_plan, cost_balance = _balance(local_plan, aligned[kept], config)
-            plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
-            stats = pack_stats(plan, aligned, config.packed_sequence_size)
-            progress.advance(1)
-
-        with _stage("write", len(plan), progress, times):
-            files = _write(store, plan, aligned, staging, spec.eos_id, config, progress, overlay)
-            metadata = [stats.megatron_metadata()]
-            (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
-            manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
-            (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
-        shutil.rmtree(staging / "_store", ignore_errors=True)
-        shutil.rmtree(staging / "_truncated", ignore_errors=True)
+        with _cluster(config) as ray_run:
+            result = _pack_into(staging, sources, spec, config, progress, ray_run, times, notes)
         publish(staging, target, overwrite=overwrite)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+    return dataclasses.replace(result, output=output)
+
+
+def _pack_into(
+    staging: Path, sources, spec: TokenizerSpec, config: PackConfig, progress, ray_run, times, notes
+) -> PackResult:
+    """Tokenize, account, plan and write into ``staging`` (published by the caller); ``ray_run``:
+    on that cluster (`tightpack.ray_engine`), None: here."""
+    cost_balance = None
+    estimates = [source.estimated_rows for source in sources]
+    with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
+        report = _tokenize(sources, spec, config, staging, progress, notes, ray_run)
+    store = report.store
+
+    with _stage("plan", 1, progress, times):
+        counts, keep, aligned, excluded, overlay = account_samples(store, config, report, staging)
+        if counts["samples_in"] == 0:
+            names = ", ".join(source.name for source in sources)
+            raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
+        if not keep.any():
+            raise TightpackError(
+                f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
+                f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
+            )
+        kept = np.flatnonzero(keep)
+        local_plan = plan_packs(
+            aligned[kept], config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed
+        )
+        if config.balance_costs is not None:
+            local_plan, cost_balance = _balance(local_plan, aligned[kept], config)
+        plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
+        stats = pack_stats(plan, aligned, config.packed_sequence_size)
+        progress.advance(1)
+
+    with _stage("write", len(plan), progress, times):
+        files = _write(store, plan, aligned, staging, spec.eos_id, config, progress, overlay, ray_run)
+        metadata = [stats.megatron_metadata()]
+        (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
+        manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
+    for work in ("_store", "_parts", "_long", "_truncated"):
+        shutil.rmtree(staging / work, ignore_errors=True)
     return PackResult(
-        output, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance
+        staging, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance
     )
 
 
@@ -228,12 +239,24 @@ def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
 
 
 def _tokenize(
-    sources, spec: TokenizerSpec, config: PackConfig, staging: Path, progress, warnings: list[str]
+    sources, spec: TokenizerSpec, config: PackConfig, staging: Path, progress, warnings: list[str], ray_run
 ) -> TokenizeReport:
     """The token store of the inputs: reused from the cache when it holds one, else tokenized.
 
-    An unwritable cache turns reuse off for the run (a warning), it does not stop it.
+    An unwritable cache turns reuse off for the run (a warning), it does not stop it. On Ray
+    (``ray_run``) the store is the parts the workers write into the staging folder; the cache, a
+    folder of this machine, is not used.
     """
+    if ray_run is not None:
+        return ray_run.tokenize(
+            sources,
+            lambda: _chunks(sources),
+            Encoder(spec, config.format, _text_budget(spec, config)),
+            staging / "_parts",
+            chunk_rows=_CHUNK_ROWS,
+            skip_bad_rows=config.skip_bad_lines,
+            on_rows=progress.advance,
+        )
     key = _store_key(sources, spec, config) if config.reuse_store else None
     cache = StoreCache(default_cache_dir() / "stores")
     budget = _text_budget(spec, config)
@@ -258,18 +281,16 @@ def _tokenize(
             )
         shutil.rmtree(folder, ignore_errors=True)  # its cut texts are too short for this larger cap
     try:
-        with _executor(config) as (workers, encode_chunks):
-            report = tokenize_to_store(
-                _chunks(sources),
-                spec,
-                config.format,
-                store_dir,
-                workers=workers,
-                skip_bad_rows=config.skip_bad_lines,
-                on_rows=progress.advance,
-                text_budget=budget,
-                encode_chunks=encode_chunks,
-            )
+        report = tokenize_to_store(
+            _chunks(sources),
+            spec,
+            config.format,
+            store_dir,
+            workers=config.workers,
+            skip_bad_rows=config.skip_bad_lines,
+            on_rows=progress.advance,
+            text_budget=budget,
+        )
     except BaseException:
         shutil.rmtree(store_dir, ignore_errors=True)
         raise
@@ -288,15 +309,15 @@ def _tokenize(
 
 
 @contextmanager
-def _executor(config: PackConfig) -> Iterator[tuple[int, Any]]:
-    """``(workers, encode_chunks)`` for `tokenize_to_store`: local processes, or a Ray cluster's actors."""
+def _cluster(config: PackConfig) -> Iterator[Any]:
+    """The run's `tightpack.ray_engine.RayRun` on a connected cluster; None for the local engine."""
     if config.engine == "local":
-        yield config.workers, None
+        yield None
         return
-    from tightpack.ray_engine import RayEncoder, ray_cluster
+    from tightpack.ray_engine import ray_cluster
 
-    with ray_cluster(config.ray_address, config.workers) as actors:
-        yield 1, RayEncoder(actors, uuid.uuid4().hex[:8])
+    with ray_cluster(config.ray_address, config.workers) as ray_run:
+        yield ray_run
 
 
 def _text_budget(spec: TokenizerSpec, config: PackConfig) -> int:
@@ -338,7 +359,7 @@ def _input_paths(inputs) -> list[Path]:
 
 
 def _write(
-    store, plan, aligned, staging: Path, pad_id: int, config: PackConfig, progress, overlay
+    store, plan, aligned, staging: Path, pad_id: int, config: PackConfig, progress, overlay, ray_run
 ) -> list[dict]:
     if config.output_format == "npy":
         rows = []
@@ -362,6 +383,17 @@ def _write(
         legacy_npy.write_legacy_npy(path, rows)
         return [{"name": path.name, "rows": len(plan), **file_digest(path)}]
     row_group_size = config.row_group_size or default_row_group_size(config.packed_sequence_size)
+    if ray_run is not None:
+        return ray_run.write(
+            store,
+            plan,
+            aligned,
+            staging,
+            pad_id=pad_id,
+            row_group_size=row_group_size,
+            overlay=overlay,
+            on_packs=progress.advance,
+        )
     return write_packed_parquet(
         store,
         plan,

@@ -1,16 +1,27 @@
-"""``--engine ray``: tokenization on a Ray cluster, the same token store as the local engine (issue 14).
+"""``--engine ray``: offline packing on a Ray cluster, the local engine's bytes (issue 14).
 
-The local engine encodes the chunks of its inputs (`tightpack.prepare.sources`, fixed row and byte
-sizes) in a pool of worker processes and appends their results, in input order, to the token store.
-This engine encodes the same chunks on a pool of Ray actors, each holding the tokenizer loaded once,
-on as many machines as the cluster has; the driver keeps a bounded number of chunks in flight and
-appends the results in input order. The store, and so the plan, the packs and every count of the
-manifest, are the local engine's byte for byte (``tests/test_ray_engine.py``).
+Two passes over the cluster; the driver holds per-sample tables only (no token, no row):
 
-Faults: an actor that dies (a killed process, a lost node) is restarted and its unfinished chunks
-run again (``max_restarts`` / ``max_task_retries``); encoding is a pure function of the chunk, so a
-retried chunk gives the same result. A driver killed mid-run leaves the previous output, as the local
-engine does (the output is published by one rename at the end).
+1. **Tokenize** (Ray Data ``map_batches`` on a pool of actors, the tokenizer loaded once per actor).
+   The work is a list of *pieces*: byte ranges of JSONL files and row-group ranges of Parquet files
+   (`tightpack.prepare.file_ranges`), which each actor reads itself; inputs that live in the
+   driver's memory (a ``datasets.Dataset``, Python rows, the embedded corpus) travel as chunks of
+   rows instead. Each actor writes the samples of its piece as a *part*, a token store folder under
+   the run's staging folder, and returns a summary: rows, bad rows, cut texts.
+2. **Write** (Ray tasks, one per output file). The driver reads each part's lengths, source rows and
+   supervised counts (`tightpack.core.parted_store.PartedStore`), applies the long-sample policy,
+   and plans with the local engine's planner and settings. Each file of the local engine's layout
+   (`tightpack.core.packed_parquet.shard_layout`) is then written by a task that reads its packs'
+   tokens straight from the parts; the driver writes the metadata, the manifest and the checksums,
+   and publishes the folder with one rename, as the local engine does.
+
+The staging folder sits next to the output, so the output must be on storage every node reaches (a
+shared filesystem mount); the parts live there, written once and never tokenized again.
+
+Faults: an actor that dies (a killed process, a lost node) is restarted by Ray Data and its piece
+runs again; a write task that dies is retried. Both are pure functions of their input, so a retry
+writes the same bytes. A driver killed mid-run leaves the previous output (nothing is published
+before the end) and its staging folder, which the next run on that output sweeps.
 
 Ray is an optional dependency (``pip install 'tightpack[ray]'``). Without an address a local cluster
 sized to this machine (or to ``workers``) is started and shut down after the run; with ``auto`` or
@@ -20,24 +31,32 @@ process (``ray.init`` by the caller) is used as it is.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import os
+import pickle
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import numpy as np
+
+from tightpack.core.packed_parquet import Overlay, shard_layout, write_shard
+from tightpack.core.parted_store import PartedStore, write_supervised
+from tightpack.core.planner import PackPlan
+from tightpack.core.token_store import TokenStore, TokenStoreWriter
 from tightpack.errors import TightpackError
+from tightpack.prepare.file_ranges import FileRange, file_ranges, read_range
 from tightpack.prepare.sources import Chunk
-from tightpack.prepare.tokenize import ChunkResult, Encoder, encode_chunk
+from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, bad_row_error, encode_chunk
 
-__all__ = ["ACTOR_NAME_PREFIX", "RayEncoder", "ray_cluster"]
-
-ACTOR_NAME_PREFIX = "tightpack-tokenizer"
-"""Actors are named ``{prefix}-{run}-{index}`` in the namespace ``tightpack`` (to find them in the
-dashboard, or to kill one in a fault test)."""
+__all__ = ["RayRun", "ray_cluster"]
 
 _NAMESPACE = "tightpack"
-_RETRIES = 3
-"""Restarts of a dead actor, and retries of a chunk it was encoding."""
+_WRITE_RETRIES = 3
+"""Retries of a shard's write task whose worker died."""
 
 
 def _import_ray():
@@ -51,8 +70,8 @@ def _import_ray():
 
 
 @contextmanager
-def ray_cluster(address: str | None, workers: int | None) -> Iterator[int]:
-    """A connected Ray cluster for the run; yields the number of tokenizer actors to start.
+def ray_cluster(address: str | None, workers: int | None) -> Iterator[RayRun]:
+    """A connected Ray cluster for the run, and the run's `RayRun` (its number of tokenizer actors).
 
     Already initialized in this process: used as it is. ``address`` (``auto`` or ``host:port``):
     joined, and left running after. Neither: a local cluster of ``workers`` CPUs (default: this
@@ -61,7 +80,12 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[int]:
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
-        options = {"namespace": _NAMESPACE, "include_dashboard": False, "log_to_driver": False}
+        options = {
+            "namespace": _NAMESPACE,
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": logging.ERROR,
+        }
         if address is None:
             options["num_cpus"] = workers or _cpu_count()
         try:
@@ -74,7 +98,7 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[int]:
         started = True
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        yield max(1, min(workers or cpus, cpus))
+        yield RayRun(max(1, min(workers or cpus, cpus)))
     finally:
         if started:
             ray.shutdown()
@@ -84,55 +108,168 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class RayEncoder:
-    """``encode_chunks(encoder, chunks)`` for `tightpack.prepare.tokenize.tokenize_to_store` on Ray.
-
-    Starts ``actors`` tokenizer actors (one CPU each), sends them the chunks round robin with at most
-    two per actor in flight, and yields the results in input order. ``run`` names this run's actors.
-    """
-
-    def __init__(self, actors: int, run: str) -> None:
-        self.actors, self.run = actors, run
-
-    def __call__(self, encoder: Encoder, chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
-        ray = _import_ray()
-        actor_class = ray.remote(num_cpus=1, max_restarts=_RETRIES, max_task_retries=_RETRIES)(_Tokenizer)
-        # A restarted actor needs its constructor argument again: put once and held here until every
-        # actor is done (an argument passed by value is released after the first construction,
-        # and a restart then fails: ray issue 53727).
-        encoder_reference = ray.put(encoder)
-        pool = [
-            actor_class.options(name=f"{ACTOR_NAME_PREFIX}-{self.run}-{index}", namespace=_NAMESPACE).remote(
-                encoder_reference
-            )
-            for index in range(self.actors)
-        ]
-        try:
-            pending: deque = deque()
-            for index, chunk in enumerate(chunks):
-                pending.append(pool[index % len(pool)].encode.remote(chunk))
-                if len(pending) >= 2 * len(pool):
-                    yield _result(ray, pending.popleft())
-            while pending:
-                yield _result(ray, pending.popleft())
-        finally:
-            for actor in pool:
-                ray.kill(actor, no_restart=True)
-
-
-def _result(ray, reference) -> ChunkResult:
-    try:
-        return ray.get(reference)
-    except ray.exceptions.RayTaskError as error:  # a TightpackError (or a bug) raised in the actor
-        raise error.as_instanceof_cause() from None
+def _pieces(sources, chunks: Callable[[], Iterator[Chunk]]) -> list[FileRange | Chunk]:
+    """What the actors read: ranges of the input files, or (inputs in this process's memory) chunks
+    of rows, renumbered from 0 as a range's rows are."""
+    ranges = file_ranges(sources)
+    if ranges is not None:
+        return ranges
+    return [dataclasses.replace(chunk, first_sample=0) for chunk in chunks()]
 
 
 class _Tokenizer:
-    """A Ray actor: the encoder (tokenizer, format, text budget) loaded once, chunks encoded on call."""
+    """A Ray Data actor: encodes a piece into a part folder, returns the piece's summary."""
 
-    def __init__(self, encoder: Encoder) -> None:
+    def __init__(self, encoder: Encoder, parts: str, chunk_rows: int) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one actor per CPU already uses the cores
-        self.encoder = encoder
+        self.encoder, self.parts, self.chunk_rows = encoder, Path(parts), chunk_rows
 
-    def encode(self, chunk: Chunk) -> ChunkResult:
-        return encode_chunk(self.encoder, chunk)
+    def __call__(self, batch: dict) -> dict:
+        part, piece = int(batch["part"][0]), pickle.loads(batch["piece"][0])
+        chunks = read_range(piece, self.chunk_rows) if isinstance(piece, FileRange) else [piece]
+        writer = TokenStoreWriter(self.parts / _part_name(part))
+        rows, texts_cut, bad_rows = 0, 0, []
+        for chunk in chunks:
+            result = encode_chunk(self.encoder, chunk)
+            writer.append(
+                result.tokens, result.loss_mask, result.lengths, result.source_index, result.segments
+            )
+            rows += result.rows
+            texts_cut += result.texts_cut
+            bad_rows += [dataclasses.astuple(bad) for bad in result.bad_rows]
+        write_supervised(writer.close())
+        summary = {"rows": rows, "texts_cut": texts_cut, "bad_rows": bad_rows}
+        return {"part": np.array([part]), "summary": np.array([json.dumps(summary)])}
+
+
+def _quietly(rows: Iterator[dict]) -> Iterator[dict]:
+    """``rows`` with Ray Data's own log lines (execution started, finished, progress bars off) held
+    back: the run's progress is tightpack's to show."""
+    logger = logging.getLogger("ray.data")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield from rows
+    finally:
+        logger.setLevel(level)
+
+
+def _part_name(part: int) -> str:
+    return f"part-{part:08d}"
+
+
+def _write_shard_task(store: PartedStore, samples, plan, aligned, overlay_store, overlay_index, **write):
+    """A Ray task: one output file, its packs' tokens read from the parts (`write_shard`)."""
+    overlay = None if overlay_store is None else Overlay(TokenStore.open(overlay_store), overlay_index)
+    return write_shard(store.select(samples), plan, aligned, overlay=overlay, **write)
+
+
+@dataclasses.dataclass
+class RayRun:
+    """The two passes of a run on the connected cluster, with ``actors`` tokenizer actors."""
+
+    actors: int
+
+    def tokenize(
+        self,
+        sources,
+        chunks: Callable[[], Iterator[Chunk]],
+        encoder: Encoder,
+        parts: Path,
+        *,
+        chunk_rows: int,
+        skip_bad_rows: bool,
+        on_rows: Callable[[int], None],
+    ) -> TokenizeReport:
+        """Pass 1: every piece of the inputs tokenized into a part under ``parts``.
+
+        Summaries are taken in input order, so the first bad row stops the run (unless
+        ``skip_bad_rows``) with the local engine's message, and rows are numbered as it numbers them.
+        """
+        _import_ray()
+        import ray.data
+
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
+        pieces = _pieces(sources, chunks)
+        parts.mkdir(parents=True, exist_ok=True)
+        work = [{"part": part, "piece": pickle.dumps(piece)} for part, piece in enumerate(pieces)]
+        summaries = ray.data.from_items(work, override_num_blocks=max(1, len(work))).map_batches(
+            _Tokenizer,
+            fn_constructor_args=(encoder, str(parts), chunk_rows),
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=min(self.actors, max(1, len(work)))),
+            num_cpus=1,
+        )
+        first_row, bad_rows, rows_read, texts_cut = [], [], 0, 0
+        for row in _quietly(summaries.iter_rows()) if work else ():
+            summary = json.loads(row["summary"])
+            found = [BadRow(rows_read + row, where, why) for row, where, why in summary["bad_rows"]]
+            if found and not skip_bad_rows:
+                raise TightpackError(bad_row_error(found[0]))
+            bad_rows += found
+            first_row.append(rows_read)
+            rows_read += summary["rows"]
+            texts_cut += summary["texts_cut"]
+            on_rows(summary["rows"])
+        store = PartedStore.from_parts([parts / _part_name(part) for part in range(len(work))], first_row)
+        return TokenizeReport(store, rows_read, bad_rows, texts_cut=texts_cut)
+
+    def write(
+        self,
+        store: PartedStore,
+        plan: PackPlan,
+        aligned: np.ndarray,
+        directory: Path,
+        *,
+        pad_id: int,
+        row_group_size: int,
+        overlay: Overlay | None,
+        on_packs: Callable[[int], None],
+    ) -> list[dict]:
+        """Pass 2: the local engine's files (`shard_layout`), each written by a task on the cluster.
+
+        A task gets its file's packs as a plan of their own (samples numbered 0, 1, ... in plan
+        order), their samples' aligned lengths and overlay entries, and the parts' small tables.
+        """
+        ray = _import_ray()
+        task = ray.remote(num_cpus=1, max_retries=_WRITE_RETRIES)(_write_shard_task)
+        store_reference = ray.put(store)
+        overlay_store = None if overlay is None else str(overlay.store.directory)
+        pending, files = deque(), []
+        for shard in shard_layout(plan, aligned):
+            lo, hi = plan.offsets[shard.first], plan.offsets[shard.stop]
+            samples = plan.order[lo:hi]
+            local_plan = PackPlan(
+                order=np.arange(hi - lo), offsets=plan.offsets[shard.first : shard.stop + 1] - lo
+            )
+            pending.append(
+                task.remote(
+                    store_reference,
+                    samples,
+                    local_plan,
+                    aligned[samples],
+                    overlay_store,
+                    None if overlay is None else overlay.index[samples],
+                    directory=str(directory),
+                    shard=shard.shifted(),
+                    pad_id=pad_id,
+                    row_group_size=row_group_size,
+                )
+            )
+            if len(pending) >= 2 * self.actors:
+                files.append(_finished(ray, pending.popleft(), on_packs))
+        while pending:
+            files.append(_finished(ray, pending.popleft(), on_packs))
+        return files
+
+
+def _finished(ray, reference, on_packs: Callable[[int], None]) -> dict:
+    try:
+        entry = ray.get(reference)
+    except ray.exceptions.RayTaskError as error:  # a TightpackError (or a bug) raised in the task
+        raise error.as_instanceof_cause() from None
+    on_packs(entry["rows"])
+    return entry

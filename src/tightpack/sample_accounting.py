@@ -13,6 +13,7 @@ import numpy as np
 
 from tightpack.core.alignment import aligned_lengths
 from tightpack.core.packed_parquet import Overlay
+from tightpack.core.parted_store import PartedStore
 from tightpack.core.token_store import TokenStore, TokenStoreWriter
 from tightpack.core.truncation import REASONS, plan_truncation
 from tightpack.errors import TightpackError
@@ -21,40 +22,19 @@ from tightpack.pack_config import PackConfig
 __all__ = ["account_samples"]
 
 _SUM_CHUNK_TOKENS = 1 << 24
-"""Tokens summed or copied per step, bounding the temporary arrays."""
+"""Tokens copied per step into the overlay, bounding the temporaries."""
 
 
-def _label_supervised(store: TokenStore, stored: np.ndarray) -> np.ndarray:
-    """Label-aligned supervised tokens of every sample: ``sum(mask[1:n])`` (token 0 is never a
-    target), int64 ``[num_samples]``, a bounded number of tokens at a time."""
-    n = len(store)
-    whole = np.zeros(n, np.int64)
-    offsets = store.offsets
-    first = 0
-    while first < n:
-        stop = max(
-            first + 1, int(np.searchsorted(offsets, offsets[first] + _SUM_CHUNK_TOKENS, side="right")) - 1
-        )
-        stop = min(stop, n)
-        base = offsets[first]
-        cumulative = np.zeros(offsets[stop] - base + 1, dtype=np.int64)
-        np.cumsum(store.loss_mask[base : offsets[stop]], out=cumulative[1:])
-        starts = offsets[first:stop] - base
-        whole[first:stop] = (
-            cumulative[starts + stored[first:stop]]
-            - cumulative[np.minimum(starts + 1, starts + stored[first:stop])]
-        )
-        first = stop
-    return whole
-
-
-def account_samples(store: TokenStore, config: PackConfig, report, staging: Path):
+def account_samples(store: TokenStore | PartedStore, config: PackConfig, report, staging: Path):
     """Apply the long-sample policy and the no-supervision rule; count everything.
+
+    ``store`` is the local engine's token store or the parts the Ray engine's workers wrote; of the
+    latter only the per-sample tables are read, and the tokens of the samples truncation cuts.
 
     Returns counts, the samples kept (bool ``[num_samples]``), their aligned lengths, the excluded
     source rows by reason, and the overlay of truncated samples (or None).
     """
-    stored = store.lengths
+    stored, source_index = store.lengths, store.source_index
     runtime = stored - 1
     cap = config.cap
     long = runtime > cap
@@ -62,22 +42,22 @@ def account_samples(store: TokenStore, config: PackConfig, report, staging: Path
         first = int(np.flatnonzero(long)[0])
         raise TightpackError(
             f"{int(long.sum())} samples are longer than the cap of {cap} tokens (first: source row "
-            f"{int(store.source_index[first])}, {int(runtime[first])} tokens); use --long-samples "
+            f"{int(source_index[first])}, {int(runtime[first])} tokens); use --long-samples "
             "truncate|drop or a larger --pack-size/--max-seq-length"
         )
     dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
     truncated = long & ~dropped_long
-    supervised_whole = _label_supervised(store, stored)
+    supervised_whole = store.label_supervised()
     supervised_kept = supervised_whole.copy()
     real = np.minimum(runtime, cap)
     overlay, reasons = None, np.zeros(0, np.uint8)
     if truncated.any():
-        cut = plan_truncation(
-            store.offsets, np.flatnonzero(truncated), cap + 1, store.segments, config.format.truncation_method
-        )
-        overlay = _write_overlay(store, cut, staging / "_truncated")
-        supervised_kept[cut.samples] = _label_supervised(overlay.store, overlay.store.lengths)
-        real[cut.samples] = overlay.store.lengths - 1
+        long_samples = np.flatnonzero(truncated)
+        holder, held = store.samples_store(long_samples, staging / "_long")
+        cut = plan_truncation(holder.offsets, held, cap + 1, holder.segments, config.format.truncation_method)
+        overlay = _write_overlay(holder, cut, staging / "_truncated", long_samples, len(store))
+        supervised_kept[long_samples] = overlay.store.label_supervised()
+        real[long_samples] = overlay.store.lengths - 1
         reasons = cut.reasons
     no_supervised = ~dropped_long & (supervised_kept == 0)
     lost_to_truncation = no_supervised & (supervised_whole > 0)
@@ -86,7 +66,7 @@ def account_samples(store: TokenStore, config: PackConfig, report, staging: Path
     truncated_rows = np.flatnonzero(truncated)
     kept_truncated = keep[truncated_rows]
     by_reason = {
-        reason: store.source_index[truncated_rows[kept_truncated & (reasons == code)]].tolist()
+        reason: source_index[truncated_rows[kept_truncated & (reasons == code)]].tolist()
         for code, reason in enumerate(REASONS)
     }
     counts = {
@@ -110,18 +90,19 @@ def account_samples(store: TokenStore, config: PackConfig, report, staging: Path
         "alignment_padding": int((aligned - real)[keep].sum()),
     }
     excluded = {
-        "truncated": store.source_index[truncated & keep].tolist(),
+        "truncated": source_index[truncated & keep].tolist(),
         "truncated_by_reason": by_reason,
-        "dropped_long": store.source_index[dropped_long].tolist(),
-        "no_supervised": store.source_index[no_supervised].tolist(),
-        "no_supervised_after_truncation": store.source_index[lost_to_truncation].tolist(),
+        "dropped_long": source_index[dropped_long].tolist(),
+        "no_supervised": source_index[no_supervised].tolist(),
+        "no_supervised_after_truncation": source_index[lost_to_truncation].tolist(),
     }
     return counts, keep, aligned, excluded, overlay
 
 
-def _write_overlay(store: TokenStore, cut, directory: Path) -> Overlay:
+def _write_overlay(store: TokenStore, cut, directory: Path, samples: np.ndarray, total: int) -> Overlay:
     """The truncated samples as a token store of their own (the kept ranges of each, back to back),
-    written a bounded number of tokens at a time."""
+    written a bounded number of tokens at a time. ``cut`` plans the cut of ``samples`` (of ``total``
+    samples in all), read from ``store``."""
     writer = TokenStoreWriter(directory)
     kept = cut.stops - cut.starts
     per_sample = np.add.reduceat(kept, cut.range_offsets[:-1])
@@ -135,9 +116,9 @@ def _write_overlay(store: TokenStore, cut, directory: Path) -> Overlay:
         source = np.repeat(cut.starts[ranges] - (np.cumsum(lengths) - lengths), lengths)
         source += np.arange(int(lengths.sum()))
         writer.append(
-            store.tokens[source], store.loss_mask[source], per_sample[first:stop], cut.samples[first:stop]
+            store.tokens[source], store.loss_mask[source], per_sample[first:stop], samples[first:stop]
         )
         first = stop
-    index = np.full(len(store), -1, dtype=np.int64)
-    index[cut.samples] = np.arange(len(cut.samples))
+    index = np.full(total, -1, dtype=np.int64)
+    index[samples] = np.arange(len(samples))
     return Overlay(writer.close(), index)

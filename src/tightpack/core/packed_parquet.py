@@ -39,9 +39,12 @@ __all__ = [
     "COLUMNS",
     "Overlay",
     "PackedRows",
+    "Shard",
     "default_row_group_size",
     "gather_packs",
+    "shard_layout",
     "write_packed_parquet",
+    "write_shard",
 ]
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id", "sample_index", "seq_len")
@@ -117,7 +120,9 @@ def gather_packs(
     """Tokens and label-aligned masks of packs ``[first_pack, stop_pack)`` of a plan.
 
     Args:
-        store: the token store the plan's sample indices refer to.
+        store: the token store the plan's sample indices refer to (a `TokenStore`, or any object
+            with its ``spans``, ``source_rows``, ``tokens`` and ``loss_mask``, as
+            `tightpack.core.parted_store.SelectedSamples`).
         plan: the pack plan.
         aligned: aligned runtime length of every sample, ``[num_samples]``; sequence ``i`` is stored
             as ``aligned[i] + 1`` tokens (padded with ``pad_id`` or truncated).
@@ -127,8 +132,7 @@ def gather_packs(
     lo, hi = plan.offsets[first_pack], plan.offsets[stop_pack]
     samples = plan.order[lo:hi]
     stored = aligned[samples] + 1
-    store_starts = store.offsets[samples]
-    store_ends = store.offsets[samples + 1]
+    store_starts, store_ends = store.spans(samples)
     replaced = np.zeros(len(samples), dtype=bool) if overlay is None else overlay.index[samples] >= 0
     if replaced.any():
         replacement = overlay.index[samples][replaced]
@@ -173,7 +177,7 @@ def gather_packs(
         row_offsets=row_offsets,
         seq_start_id=seq_start_id,
         seq_offsets=seq_offsets,
-        sample_index=store.source_index[samples],
+        sample_index=store.source_rows(samples),
         seq_len=real - 1,
     )
 
@@ -190,6 +194,74 @@ def _pack_chunks(plan: PackPlan, stored_per_pack: np.ndarray, limit: int) -> lis
     return ranges
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One output file: packs ``[first, stop)`` of the plan, gathered and written in ``chunks`` (pack
+    ranges; each is written as row groups of its own, so they decide the file's bytes)."""
+
+    number: int
+    first: int
+    stop: int
+    chunks: tuple[tuple[int, int], ...]
+
+    @property
+    def name(self) -> str:
+        return f"packs-{self.number:05d}.idx.parquet"
+
+    def shifted(self) -> Shard:
+        """The shard with pack numbers relative to its first pack (for a plan of its packs only)."""
+        chunks = tuple((first - self.first, stop - self.first) for first, stop in self.chunks)
+        return Shard(self.number, 0, self.stop - self.first, chunks)
+
+
+def shard_layout(plan: PackPlan, aligned: np.ndarray, packs_per_file: int = 100_000) -> list[Shard]:
+    """The files a plan is written as: ``packs_per_file`` packs each, gathered in chunks of at most
+    ``_CHUNK_TOKENS`` stored tokens (cut at file boundaries)."""
+    chunks = _pack_chunks(plan, plan.pack_loads(aligned + 1), _CHUNK_TOKENS)
+    shards = []
+    for number, file_first in enumerate(range(0, len(plan), packs_per_file)):
+        file_stop = min(file_first + packs_per_file, len(plan))
+        pieces = tuple(
+            (max(first, file_first), min(stop, file_stop))
+            for first, stop in chunks
+            if stop > file_first and first < file_stop
+        )
+        shards.append(Shard(number, file_first, file_stop, pieces))
+    return shards
+
+
+def write_shard(
+    store,
+    plan: PackPlan,
+    aligned: np.ndarray,
+    directory: str | Path,
+    shard: Shard,
+    *,
+    pad_id: int,
+    row_group_size: int,
+    on_packs=None,
+    overlay: Overlay | None = None,
+) -> dict:
+    """Write ``shard`` of a plan into ``directory``; returns ``{"name", "rows", "bytes", "sha256"}``.
+
+    ``store`` as for `gather_packs`. ``on_packs`` (optional) is called with the number of packs
+    written after each chunk (progress).
+    """
+    path = Path(directory) / shard.name
+    writer = None
+    for first, stop in shard.chunks:
+        table = gather_packs(store, plan, aligned, pad_id, first, stop, overlay).to_table()
+        if writer is None:
+            writer = pq.ParquetWriter(
+                path, table.schema, compression="zstd", use_dictionary=False, write_statistics=False
+            )
+        writer.write_table(table, row_group_size=row_group_size)
+        if on_packs is not None:
+            on_packs(stop - first)
+    writer.close()
+    return {"name": path.name, "rows": shard.stop - shard.first, **file_digest(path)}
+
+
 def write_packed_parquet(
     store: TokenStore,
     plan: PackPlan,
@@ -202,30 +274,23 @@ def write_packed_parquet(
     on_packs=None,
     overlay: Overlay | None = None,
 ) -> list[dict]:
-    """Write the packs of a plan as Parquet shards ``packs-00000.idx.parquet``, ... in ``directory``.
+    """Write the packs of a plan as Parquet shards ``packs-00000.idx.parquet``, ... in ``directory``
+    (`shard_layout`).
 
     Returns one entry per file: ``{"name", "rows", "bytes", "sha256"}``. ``on_packs`` (optional) is
     called with the number of packs written after each chunk (progress).
     """
-    directory = Path(directory)
-    chunks = _pack_chunks(plan, plan.pack_loads(aligned + 1), _CHUNK_TOKENS)
-    files = []
-    for file_number, file_first in enumerate(range(0, len(plan), packs_per_file)):
-        file_stop = min(file_first + packs_per_file, len(plan))
-        path = directory / f"packs-{file_number:05d}.idx.parquet"
-        writer = None
-        for first, stop in chunks:
-            if stop <= file_first or first >= file_stop:
-                continue
-            first, stop = max(first, file_first), min(stop, file_stop)
-            table = gather_packs(store, plan, aligned, pad_id, first, stop, overlay).to_table()
-            if writer is None:
-                writer = pq.ParquetWriter(
-                    path, table.schema, compression="zstd", use_dictionary=False, write_statistics=False
-                )
-            writer.write_table(table, row_group_size=row_group_size)
-            if on_packs is not None:
-                on_packs(stop - first)
-        writer.close()
-        files.append({"name": path.name, "rows": file_stop - file_first, **file_digest(path)})
-    return files
+    return [
+        write_shard(
+            store,
+            plan,
+            aligned,
+            directory,
+            shard,
+            pad_id=pad_id,
+            row_group_size=row_group_size,
+            on_packs=on_packs,
+            overlay=overlay,
+        )
+        for shard in shard_layout(plan, aligned, packs_per_file)
+    ]

@@ -28,6 +28,8 @@ import numpy as np
 __all__ = ["STORE_FORMAT_VERSION", "Segments", "TokenStore", "TokenStoreWriter", "append_eos"]
 
 STORE_FORMAT_VERSION = 2
+_SUM_CHUNK_TOKENS = 1 << 24
+"""Tokens summed per step by `TokenStore.label_supervised`, bounding its temporaries."""
 
 
 class TokenStoreWriter:
@@ -171,8 +173,50 @@ class TokenStore:
             ),
         )
 
+    @staticmethod
+    def counts(directory: str | Path) -> tuple[int, int]:
+        """``(num_samples, num_tokens)`` of the store at ``directory``, from ``store.json`` alone."""
+        meta = json.loads((Path(directory) / "store.json").read_text())
+        return meta["num_samples"], meta["num_tokens"]
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    def spans(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token ``(starts, ends)`` of ``samples`` in ``tokens``, int64 each."""
+        return self.offsets[samples], self.offsets[samples + 1]
+
+    def source_rows(self, samples: np.ndarray) -> np.ndarray:
+        """Source rows of ``samples``, int64."""
+        return self.source_index[samples]
+
+    def sample_segments(self, index: int) -> Segments:
+        """The `Segments` of sample ``index``."""
+        segment_offsets, starts, kinds, units = self.segments
+        at = slice(segment_offsets[index], segment_offsets[index + 1])
+        return Segments(np.array([at.stop - at.start]), starts[at], kinds[at], units[at])
+
+    def samples_store(self, samples: np.ndarray, directory: str | Path) -> tuple[TokenStore, np.ndarray]:
+        """A store holding ``samples`` and their indices in it: this store itself (``directory``
+        unused). `tightpack.core.parted_store.PartedStore` copies them instead."""
+        return self, samples
+
+    def label_supervised(self) -> np.ndarray:
+        """Label-aligned supervised tokens of every sample: ``sum(mask[1:n])`` (token 0 is never a
+        target), int64 ``[num_samples]``, summed a bounded number of tokens at a time."""
+        n, offsets = len(self), self.offsets
+        supervised = np.zeros(n, np.int64)
+        first = 0
+        while first < n:
+            stop = int(np.searchsorted(offsets, offsets[first] + _SUM_CHUNK_TOKENS, side="right")) - 1
+            stop = min(max(first + 1, stop), n)
+            base = offsets[first]
+            cumulative = np.zeros(offsets[stop] - base + 1, dtype=np.int64)
+            np.cumsum(self.loss_mask[base : offsets[stop]], out=cumulative[1:])
+            starts, ends = offsets[first:stop] - base, offsets[first + 1 : stop + 1] - base
+            supervised[first:stop] = cumulative[ends] - cumulative[np.minimum(starts + 1, ends)]
+            first = stop
+        return supervised
 
     @property
     def lengths(self) -> np.ndarray:

@@ -40,6 +40,7 @@ __all__ = [
     "ChunkResult",
     "Encoder",
     "TokenizeReport",
+    "bad_row_error",
     "encode_chunk",
     "max_token_bytes",
     "tokenize_chunk",
@@ -54,6 +55,11 @@ class BadRow:
     sample_index: int
     location: str
     reason: str
+
+
+def bad_row_error(bad: BadRow) -> str:
+    """The message that stops a run at its first bad row (without ``--skip-bad-lines``)."""
+    return f"{bad.location}: {bad.reason} (fix the row, or pass --skip-bad-lines)"
 
 
 @dataclass
@@ -413,7 +419,6 @@ def tokenize_to_store(
     skip_bad_rows: bool = False,
     on_rows: Callable[[int], None] | None = None,
     text_budget: int | None = None,
-    encode_chunks: Callable[[Encoder, Iterator[Chunk]], Iterator[ChunkResult]] | None = None,
 ) -> TokenizeReport:
     """Tokenize every chunk into a token store at ``store_dir``.
 
@@ -423,9 +428,6 @@ def tokenize_to_store(
         workers: K processes; 1 tokenizes in this process. The store is identical for any K.
         skip_bad_rows: count and report bad rows instead of failing on the first one.
         on_rows: called with the number of rows of each finished chunk (progress).
-        encode_chunks: another executor, ``encode_chunks(encoder, chunks)`` yielding the `ChunkResult`
-            of every chunk in order (e.g. a Ray cluster's, `tightpack.ray_engine`); ``workers`` is then
-            unused. The store is the same whichever executor encodes.
 
     Raises:
         TightpackError: on the first bad row (in input order) unless ``skip_bad_rows``.
@@ -439,8 +441,7 @@ def tokenize_to_store(
     def consume(result: ChunkResult) -> None:
         nonlocal rows_read, texts_cut
         if result.bad_rows and not skip_bad_rows:
-            bad = result.bad_rows[0]
-            raise TightpackError(f"{bad.location}: {bad.reason} (fix the row, or pass --skip-bad-lines)")
+            raise TightpackError(bad_row_error(result.bad_rows[0]))
         writer.append(result.tokens, result.loss_mask, result.lengths, result.source_index, result.segments)
         bad_rows.extend(result.bad_rows)
         rows_read += result.rows
@@ -449,10 +450,7 @@ def tokenize_to_store(
             on_rows(result.rows)
 
     encoder = Encoder(spec, config, text_budget)
-    if encode_chunks is not None:
-        for result in encode_chunks(encoder, chunks):
-            consume(result)
-    elif workers == 1:
+    if workers == 1:
         for result in _tokenize_in_process(encoder, chunks):
             consume(result)
     else:

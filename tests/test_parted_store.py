@@ -1,0 +1,141 @@
+"""`PartedStore`: parts written by workers read as one token store, and shards written from it.
+
+Every check compares against the same samples in a single `TokenStore`, which the local engine
+writes and reads: the parts must read as that store does, and a shard written from a selection of
+parts must be the bytes the local engine writes for the same plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tightpack.core import packed_parquet
+from tightpack.core.packed_parquet import Overlay, shard_layout, write_packed_parquet, write_shard
+from tightpack.core.parted_store import PartedStore, write_supervised
+from tightpack.core.planner import PackPlan, plan_packs
+from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter
+
+
+def random_samples(rng: np.random.Generator, count: int):
+    """``count`` samples: token ids, masks, lengths, source rows and a few segments each."""
+    lengths = rng.integers(1, 60, count)
+    tokens = rng.integers(0, 50_000, int(lengths.sum())).astype(np.int32)
+    mask = (rng.random(int(lengths.sum())) < 0.6).astype(np.int8)
+    rows = np.cumsum(rng.integers(1, 3, count)) - 1  # gaps: bad rows between samples
+    counts = rng.integers(0, 3, count)
+    starts = np.concatenate([np.sort(rng.integers(0, n, c)) for n, c in zip(lengths, counts, strict=True)])
+    segments = Segments(counts, starts, rng.integers(0, 3, len(starts)), rng.integers(-1, 3, len(starts)))
+    return tokens, mask, lengths, rows, segments
+
+
+def sliced_segments(segments: Segments, first: int, stop: int) -> Segments:
+    """The segments of samples ``[first, stop)``."""
+    ends = np.concatenate(([0], np.cumsum(segments.counts)))
+    at = slice(ends[first], ends[stop])
+    return Segments(segments.counts[first:stop], segments.starts[at], segments.kinds[at], segments.units[at])
+
+
+@pytest.fixture(params=[0, 1, 2])
+def whole_and_parts(request, tmp_path):
+    """One store of 300 samples, and the same samples as parts of random sizes (rows numbered within
+    each part, as a worker numbers them)."""
+    rng = np.random.default_rng(request.param)
+    tokens, mask, lengths, rows, segments = random_samples(rng, 300)
+    ends = np.concatenate(([0], np.cumsum(lengths)))
+    writer = TokenStoreWriter(tmp_path / "whole")
+    writer.append(tokens, mask, lengths, rows, segments)
+    whole = writer.close()
+    cuts = np.unique(np.concatenate(([0, 300], rng.integers(0, 300, 12))))
+    parts, first_row = [], []
+    for number, (first, stop) in enumerate(itertools.pairwise(cuts)):
+        base = (
+            int(rows[first - 1]) + 1 if first else 0
+        )  # rows before the part: its row numbering starts there
+        writer = TokenStoreWriter(tmp_path / f"part-{number}")
+        span = slice(ends[first], ends[stop])
+        writer.append(
+            tokens[span],
+            mask[span],
+            lengths[first:stop],
+            rows[first:stop] - base,
+            sliced_segments(segments, first, stop),
+        )
+        write_supervised(writer.close())
+        parts.append(tmp_path / f"part-{number}")
+        first_row.append(base)
+    return whole, PartedStore.from_parts(parts, first_row)
+
+
+def test_parts_read_as_the_single_store(whole_and_parts):
+    whole, parted = whole_and_parts
+    assert len(parted) == len(whole) and len(parted.tokens) == len(whole.tokens)
+    np.testing.assert_array_equal(parted.lengths, whole.lengths)
+    np.testing.assert_array_equal(parted.source_index, whole.source_index)
+    np.testing.assert_array_equal(parted.label_supervised(), whole.label_supervised())
+    positions = np.random.default_rng(9).integers(0, len(whole.tokens), 2_000)
+    np.testing.assert_array_equal(parted.tokens[positions], whole.tokens[positions])
+    np.testing.assert_array_equal(parted.loss_mask[positions], whole.loss_mask[positions])
+    samples = np.random.default_rng(8).permutation(len(whole))[:100]
+    for got, expected in zip(parted.spans(samples), whole.spans(samples), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(parted.source_rows(samples), whole.source_rows(samples))
+
+
+def test_samples_store_copies_the_samples_with_their_segments(whole_and_parts, tmp_path):
+    whole, parted = whole_and_parts
+    samples = np.array([299, 3, 150, 0])
+    copy, held = parted.samples_store(samples, tmp_path / "copy")
+    assert held.tolist() == [0, 1, 2, 3]
+    for index, sample in enumerate(samples):
+        np.testing.assert_array_equal(copy.sample_tokens(index), whole.sample_tokens(sample))
+        np.testing.assert_array_equal(copy.sample_loss_mask(index), whole.sample_loss_mask(sample))
+        for got, expected in zip(
+            vars(copy.sample_segments(index)).values(),
+            vars(whole.sample_segments(sample)).values(),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(copy.source_index, whole.source_index[samples])
+
+
+def test_shards_written_from_selected_parts_are_the_local_bytes(whole_and_parts, tmp_path, monkeypatch):
+    """Several files, chunks straddling file boundaries, an overlay: each shard written alone from a
+    selection of the parts (as a Ray task writes it) equals the file the local engine writes."""
+    whole, parted = whole_and_parts
+    monkeypatch.setattr(packed_parquet, "_CHUNK_TOKENS", 300)
+    aligned = np.minimum(whole.lengths - 1, 40) // 4 * 4 + 3  # padded and truncated sequences both
+    plan = plan_packs(aligned, 128, algorithm="ffd")
+    replaced = np.array([5, 77, 200])
+    writer = TokenStoreWriter(tmp_path / "overlay")
+    writer.append(np.arange(30, dtype=np.int32), np.ones(30, np.int8), np.array([10, 10, 10]), replaced)
+    index = np.full(len(whole), -1)
+    index[replaced] = [0, 1, 2]
+    overlay = Overlay(writer.close(), index)
+    settings = {"pad_id": 7, "row_group_size": 3}
+    (tmp_path / "local").mkdir()
+    (tmp_path / "parted").mkdir()
+    local = write_packed_parquet(
+        whole, plan, aligned, tmp_path / "local", packs_per_file=9, overlay=overlay, **settings
+    )
+    shards = shard_layout(plan, aligned, packs_per_file=9)
+    assert len(shards) > 2 and any(len(shard.chunks) > 1 for shard in shards)
+    for shard, expected in zip(shards, local, strict=True):
+        lo, hi = plan.offsets[shard.first], plan.offsets[shard.stop]
+        samples = plan.order[lo:hi]
+        own_plan = PackPlan(np.arange(hi - lo), plan.offsets[shard.first : shard.stop + 1] - lo)
+        entry = write_shard(
+            parted.select(samples),
+            own_plan,
+            aligned[samples],
+            tmp_path / "parted",
+            shard.shifted(),
+            overlay=Overlay(TokenStore.open(tmp_path / "overlay"), index[samples]),
+            **settings,
+        )
+        assert entry == expected
+        assert (tmp_path / "parted" / entry["name"]).read_bytes() == (
+            tmp_path / "local" / entry["name"]
+        ).read_bytes()
