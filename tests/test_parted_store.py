@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from tightpack.core import packed_parquet
-from tightpack.core.packed_parquet import Overlay, shard_layout, write_packed_parquet, write_shard
+from tightpack.core.long_samples import cut_long_samples, gathered_cut
+from tightpack.core.packed_parquet import shard_layout, write_packed_parquet, write_shard
 from tightpack.core.parted_store import PartedStore, write_supervised
 from tightpack.core.planner import PackPlan, plan_packs
-from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter
+from tightpack.core.token_store import Segments, TokenStoreWriter
 
 
 def random_samples(rng: np.random.Generator, count: int):
@@ -25,9 +26,18 @@ def random_samples(rng: np.random.Generator, count: int):
     tokens = rng.integers(0, 50_000, int(lengths.sum())).astype(np.int32)
     mask = (rng.random(int(lengths.sum())) < 0.6).astype(np.int8)
     rows = np.cumsum(rng.integers(1, 3, count)) - 1  # gaps: bad rows between samples
-    counts = rng.integers(0, 3, count)
-    starts = np.concatenate([np.sort(rng.integers(0, n, c)) for n, c in zip(lengths, counts, strict=True)])
-    segments = Segments(counts, starts, rng.integers(0, 3, len(starts)), rng.integers(-1, 3, len(starts)))
+    # Segments as formatting marks them: the first at token 0, then ascending starts; kinds keep,
+    # prompt, answer (or both), units -1 for kept text, else rounds in order.
+    counts = np.minimum(rng.integers(1, 5, count), lengths)
+    starts = np.concatenate(
+        [
+            np.sort(np.append(0, rng.choice(np.arange(1, n), c - 1, replace=False)))
+            for n, c in zip(lengths, counts, strict=True)
+        ]
+    )
+    kinds = rng.integers(0, 4, len(starts))
+    units = np.where(kinds == 0, -1, np.concatenate([np.arange(c) // 2 for c in counts]))
+    segments = Segments(counts, starts, kinds, units)
     return tokens, mask, lengths, rows, segments
 
 
@@ -36,6 +46,15 @@ def sliced_segments(segments: Segments, first: int, stop: int) -> Segments:
     ends = np.concatenate(([0], np.cumsum(segments.counts)))
     at = slice(ends[first], ends[stop])
     return Segments(segments.counts[first:stop], segments.starts[at], segments.kinds[at], segments.units[at])
+
+
+def cut_in_parts(parted: PartedStore, limit: int):
+    """The samples over ``limit`` cut part by part, as each worker cuts its own, and gathered."""
+    overlays = [part / "truncated" for part in parted.parts]
+    for index, overlay in enumerate(overlays):
+        store = parted.part(index)
+        cut_long_samples(store, np.flatnonzero(store.lengths > limit), limit, "right", overlay)
+    return gathered_cut(parted, overlays)
 
 
 @pytest.fixture(params=[0, 1, 2])
@@ -84,36 +103,43 @@ def test_parts_read_as_the_single_store(whole_and_parts):
     np.testing.assert_array_equal(parted.source_rows(samples), whole.source_rows(samples))
 
 
-def test_samples_store_copies_the_samples_with_their_segments(whole_and_parts, tmp_path):
+def test_long_samples_cut_part_by_part_are_the_cut_of_the_whole_store(whole_and_parts, tmp_path):
+    """Each worker cuts the long samples of its part; gathered, the cut is the driver's cut of the
+    single store: the same samples, lengths, supervised counts, reasons and kept tokens."""
     whole, parted = whole_and_parts
-    samples = np.array([299, 3, 150, 0])
-    copy, held = parted.samples_store(samples, tmp_path / "copy")
-    assert held.tolist() == [0, 1, 2, 3]
-    for index, sample in enumerate(samples):
-        np.testing.assert_array_equal(copy.sample_tokens(index), whole.sample_tokens(sample))
-        np.testing.assert_array_equal(copy.sample_loss_mask(index), whole.sample_loss_mask(sample))
-        for got, expected in zip(
-            vars(copy.sample_segments(index)).values(),
-            vars(whole.sample_segments(sample)).values(),
-            strict=True,
-        ):
-            np.testing.assert_array_equal(got, expected)
-    np.testing.assert_array_equal(copy.source_index, whole.source_index[samples])
+    limit = 30
+    expected = cut_long_samples(
+        whole, np.flatnonzero(whole.lengths > limit), limit, "right", tmp_path / "whole-cut"
+    )
+    gathered = cut_in_parts(parted, limit)
+    assert len(gathered.samples) > 10
+    for name in ("samples", "lengths", "supervised", "reasons"):
+        np.testing.assert_array_equal(getattr(gathered, name), getattr(expected, name))
+    np.testing.assert_array_equal(gathered.overlay.samples, expected.overlay.samples)
+    everything = np.arange(len(gathered.samples))
+    np.testing.assert_array_equal(
+        gathered.overlay.store.tokens[np.arange(len(gathered.overlay.store.tokens))],
+        expected.overlay.store.tokens,
+    )
+    for got, want in zip(
+        gathered.overlay.store.spans(everything), expected.overlay.store.spans(everything), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_shards_written_from_selected_parts_are_the_local_bytes(whole_and_parts, tmp_path, monkeypatch):
-    """Several files, chunks straddling file boundaries, an overlay: each shard written alone from a
-    selection of the parts (as a Ray task writes it) equals the file the local engine writes."""
+    """Several files, chunks straddling file boundaries, cut samples: each shard written alone from
+    a selection of the parts and their overlays (as a Ray task writes it) equals the file the local
+    engine writes from its store and overlay."""
     whole, parted = whole_and_parts
     monkeypatch.setattr(packed_parquet, "_CHUNK_TOKENS", 300)
-    aligned = np.minimum(whole.lengths - 1, 40) // 4 * 4 + 3  # padded and truncated sequences both
+    limit = 34
+    aligned = np.minimum(whole.lengths - 1, limit - 1) // 4 * 4 + 3  # padding, and past the cut
     plan = plan_packs(aligned, 128, algorithm="ffd")
-    replaced = np.array([5, 77, 200])
-    writer = TokenStoreWriter(tmp_path / "overlay")
-    writer.append(np.arange(30, dtype=np.int32), np.ones(30, np.int8), np.array([10, 10, 10]), replaced)
-    index = np.full(len(whole), -1)
-    index[replaced] = [0, 1, 2]
-    overlay = Overlay(writer.close(), index)
+    overlay = cut_long_samples(
+        whole, np.flatnonzero(whole.lengths > limit), limit, "right", tmp_path / "whole-cut"
+    ).overlay
+    parted_overlay = cut_in_parts(parted, limit).overlay
     settings = {"pad_id": 7, "row_group_size": 3}
     (tmp_path / "local").mkdir()
     (tmp_path / "parted").mkdir()
@@ -132,7 +158,7 @@ def test_shards_written_from_selected_parts_are_the_local_bytes(whole_and_parts,
             aligned[samples],
             tmp_path / "parted",
             shard.shifted(),
-            overlay=Overlay(TokenStore.open(tmp_path / "overlay"), index[samples]),
+            overlay=parted_overlay.renumbered(samples),
             **settings,
         )
         assert entry == expected

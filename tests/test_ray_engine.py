@@ -20,7 +20,7 @@ import pytest
 from tightpack.errors import TightpackError
 from tightpack.pipeline import PackConfig, pack_dataset
 from tightpack.prepare import file_ranges
-from tightpack.prepare.sources import default_corpus
+from tightpack.prepare.sources import default_corpus, open_sources
 
 from .conftest import write_jsonl
 
@@ -99,17 +99,21 @@ def mixed_inputs(folder: Path, chat_rows: list[dict]) -> list[Path]:
         [{"input": f"p {i} " * (i % 50), "output": "x" * (i % 7)} for i in range(700)]
     )
     third = folder / "c.parquet"
-    pq.write_table(table, third)
+    pq.write_table(table, third, row_group_size=100)
     return [first, second, third]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_files_with_bad_rows_long_samples_and_no_supervision_give_the_same_bytes_and_counts(
-    tmp_path, chat_rows
+    tmp_path, chat_rows, workers, monkeypatch
 ):
+    monkeypatch.setattr(file_ranges, "RANGE_BYTES", 4096)  # the bad and the long rows in later ranges
     inputs = mixed_inputs(tmp_path, chat_rows)
-    local, ray_result = pack_both(
-        inputs, tmp_path, "mixed", packed_sequence_size=256, skip_bad_lines=True, long_samples="truncate"
-    )
+    pieces = file_ranges.file_ranges(open_sources(inputs))
+    assert [piece.source for piece in pieces].count(str(inputs[0])) > 2
+    assert [piece.source for piece in pieces].count(str(inputs[2])) == 7  # a row group each
+    settings = {"packed_sequence_size": 256, "skip_bad_lines": True, "long_samples": "truncate"}
+    local, ray_result = pack_both(inputs, tmp_path, "mixed", workers=workers, **settings)
     assert local.counts["bad_rows"] == 1 and local.counts["truncated"] >= 1
     assert local.counts["no_supervised"] >= 1
     assert [row.location for row in local.bad_rows] == [row.location for row in ray_result.bad_rows]
@@ -117,7 +121,8 @@ def test_files_with_bad_rows_long_samples_and_no_supervision_give_the_same_bytes
     assert_same_output(local, ray_result)
 
 
-def test_the_first_bad_row_stops_the_run_with_the_local_message(tmp_path, chat_rows):
+def test_the_first_bad_row_stops_the_run_with_the_local_message(tmp_path, chat_rows, monkeypatch):
+    monkeypatch.setattr(file_ranges, "RANGE_BYTES", 4096)
     inputs = mixed_inputs(tmp_path, chat_rows)
     messages = []
     for engine in ("local", "ray"):

@@ -195,6 +195,7 @@ def _pack_into(
         if config.balance_costs is not None:
             local_plan, cost_balance = _balance(local_plan, aligned[kept], config)
         plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
+        del kept, local_plan  # the driver's memory per sample (benchmarks/bench_driver_memory.py)
         stats = pack_stats(plan, aligned, config.packed_sequence_size)
         progress.advance(1)
 
@@ -204,7 +205,7 @@ def _pack_into(
         (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
         manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
-    for work in ("_store", "_parts", "_long", "_truncated"):
+    for work in ("_store", "_parts", "_truncated"):
         shutil.rmtree(staging / work, ignore_errors=True)
     return PackResult(
         staging, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance
@@ -248,11 +249,15 @@ def _tokenize(
     folder of this machine, is not used.
     """
     if ray_run is not None:
+        from tightpack.ray_engine import LongSamples
+
+        cut = config.long_samples == "truncate"
         return ray_run.tokenize(
             sources,
             lambda: _chunks(sources),
             Encoder(spec, config.format, _text_budget(spec, config)),
             staging / "_parts",
+            long_samples=LongSamples(config.cap + 1 if cut else None, config.format.truncation_method),
             chunk_rows=_CHUNK_ROWS,
             skip_bad_rows=config.skip_bad_lines,
             on_rows=progress.advance,

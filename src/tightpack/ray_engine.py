@@ -43,16 +43,18 @@ from pathlib import Path
 
 import numpy as np
 
+from tightpack.core.long_samples import cut_long_samples, gathered_cut
 from tightpack.core.packed_parquet import Overlay, shard_layout, write_shard
 from tightpack.core.parted_store import PartedStore, write_supervised
 from tightpack.core.planner import PackPlan
-from tightpack.core.token_store import TokenStore, TokenStoreWriter
+from tightpack.core.token_store import TokenStoreWriter
+from tightpack.core.truncation import TruncationMethod
 from tightpack.errors import TightpackError
 from tightpack.prepare.file_ranges import FileRange, file_ranges, read_range
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, bad_row_error, encode_chunk
 
-__all__ = ["RayRun", "ray_cluster"]
+__all__ = ["LongSamples", "RayRun", "ray_cluster"]
 
 _NAMESPACE = "tightpack"
 _WRITE_RETRIES = 3
@@ -117,17 +119,29 @@ def _pieces(sources, chunks: Callable[[], Iterator[Chunk]]) -> list[FileRange | 
     return [dataclasses.replace(chunk, first_sample=0) for chunk in chunks()]
 
 
-class _Tokenizer:
-    """A Ray Data actor: encodes a piece into a part folder, returns the piece's summary."""
+@dataclasses.dataclass(frozen=True)
+class LongSamples:
+    """What a worker does with the samples of its part over the cap: cut them to ``limit`` stored
+    tokens (the cap + 1) with ``method``, or nothing (``limit`` None: the run drops them or stops)."""
 
-    def __init__(self, encoder: Encoder, parts: str, chunk_rows: int) -> None:
+    limit: int | None
+    method: TruncationMethod = "right"
+
+
+class _Tokenizer:
+    """A Ray Data actor: encodes a piece into a part folder, cuts its long samples into the part's
+    overlay folder, returns the piece's summary."""
+
+    def __init__(self, encoder: Encoder, parts: str, chunk_rows: int, long_samples: LongSamples) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one actor per CPU already uses the cores
         self.encoder, self.parts, self.chunk_rows = encoder, Path(parts), chunk_rows
+        self.long_samples = long_samples
 
     def __call__(self, batch: dict) -> dict:
         part, piece = int(batch["part"][0]), pickle.loads(batch["piece"][0])
         chunks = read_range(piece, self.chunk_rows) if isinstance(piece, FileRange) else [piece]
-        writer = TokenStoreWriter(self.parts / _part_name(part))
+        folder = self.parts / _part_name(part)
+        writer = TokenStoreWriter(folder)
         rows, texts_cut, bad_rows = 0, 0, []
         for chunk in chunks:
             result = encode_chunk(self.encoder, chunk)
@@ -137,7 +151,11 @@ class _Tokenizer:
             rows += result.rows
             texts_cut += result.texts_cut
             bad_rows += [dataclasses.astuple(bad) for bad in result.bad_rows]
-        write_supervised(writer.close())
+        store = writer.close()
+        write_supervised(store)
+        if (limit := self.long_samples.limit) is not None:
+            long = np.flatnonzero(store.lengths > limit)
+            cut_long_samples(store, long, limit, self.long_samples.method, folder / _OVERLAY)
         summary = {"rows": rows, "texts_cut": texts_cut, "bad_rows": bad_rows}
         return {"part": np.array([part]), "summary": np.array([json.dumps(summary)])}
 
@@ -158,9 +176,13 @@ def _part_name(part: int) -> str:
     return f"part-{part:08d}"
 
 
-def _write_shard_task(store: PartedStore, samples, plan, aligned, overlay_store, overlay_index, **write):
-    """A Ray task: one output file, its packs' tokens read from the parts (`write_shard`)."""
-    overlay = None if overlay_store is None else Overlay(TokenStore.open(overlay_store), overlay_index)
+_OVERLAY = "truncated"
+"""A part's overlay folder: its long samples as cut (`cut_long_samples`); absent when none is."""
+
+
+def _write_shard_task(store: PartedStore, samples, plan, aligned, overlay: Overlay | None, **write):
+    """A Ray task: one output file, its packs' tokens read from the parts and their overlays
+    (`write_shard`)."""
     return write_shard(store.select(samples), plan, aligned, overlay=overlay, **write)
 
 
@@ -177,11 +199,13 @@ class RayRun:
         encoder: Encoder,
         parts: Path,
         *,
+        long_samples: LongSamples,
         chunk_rows: int,
         skip_bad_rows: bool,
         on_rows: Callable[[int], None],
     ) -> TokenizeReport:
-        """Pass 1: every piece of the inputs tokenized into a part under ``parts``.
+        """Pass 1: every piece of the inputs tokenized into a part under ``parts``, its long samples
+        cut there as ``long_samples`` says.
 
         Summaries are taken in input order, so the first bad row stops the run (unless
         ``skip_bad_rows``) with the local engine's message, and rows are numbered as it numbers them.
@@ -198,7 +222,7 @@ class RayRun:
         work = [{"part": part, "piece": pickle.dumps(piece)} for part, piece in enumerate(pieces)]
         summaries = ray.data.from_items(work, override_num_blocks=max(1, len(work))).map_batches(
             _Tokenizer,
-            fn_constructor_args=(encoder, str(parts), chunk_rows),
+            fn_constructor_args=(encoder, str(parts), chunk_rows, long_samples),
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=min(self.actors, max(1, len(work)))),
             num_cpus=1,
@@ -214,8 +238,10 @@ class RayRun:
             rows_read += summary["rows"]
             texts_cut += summary["texts_cut"]
             on_rows(summary["rows"])
-        store = PartedStore.from_parts([parts / _part_name(part) for part in range(len(work))], first_row)
-        return TokenizeReport(store, rows_read, bad_rows, texts_cut=texts_cut)
+        folders = [parts / _part_name(part) for part in range(len(work))]
+        store = PartedStore.from_parts(folders, first_row)
+        cut = gathered_cut(store, [folder / _OVERLAY for folder in folders])
+        return TokenizeReport(store, rows_read, bad_rows, texts_cut=texts_cut, cut=cut)
 
     def write(
         self,
@@ -237,7 +263,6 @@ class RayRun:
         ray = _import_ray()
         task = ray.remote(num_cpus=1, max_retries=_WRITE_RETRIES)(_write_shard_task)
         store_reference = ray.put(store)
-        overlay_store = None if overlay is None else str(overlay.store.directory)
         pending, files = deque(), []
         for shard in shard_layout(plan, aligned):
             lo, hi = plan.offsets[shard.first], plan.offsets[shard.stop]
@@ -251,8 +276,7 @@ class RayRun:
                     samples,
                     local_plan,
                     aligned[samples],
-                    overlay_store,
-                    None if overlay is None else overlay.index[samples],
+                    None if overlay is None else overlay.renumbered(samples),
                     directory=str(directory),
                     shard=shard.shifted(),
                     pad_id=pad_id,

@@ -96,11 +96,31 @@ def _arrow(values: np.ndarray) -> pa.Array:
 
 @dataclass(frozen=True)
 class Overlay:
-    """Replacement samples for some of a store's: ``store`` holds them, ``index[i]`` is the sample of
-    ``store`` that replaces sample ``i`` of the main store, -1 where none does (truncated samples)."""
+    """Replacement samples for some of a store's (the truncated ones): sample ``samples[i]`` of the
+    main store is replaced by sample ``rows[i]`` of ``store`` (``i`` when ``rows`` is None).
+
+    ``samples`` is ascending. ``store`` is a `TokenStore` or, on Ray, a
+    `tightpack.core.parted_store.PartedStore` of the workers' overlays.
+    """
 
     store: TokenStore
-    index: np.ndarray
+    samples: np.ndarray
+    rows: np.ndarray | None = None
+
+    def lookup(self, samples: np.ndarray) -> np.ndarray:
+        """The row of ``store`` replacing each of ``samples``, -1 where none does."""
+        if not len(self.samples):
+            return np.full(len(samples), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.samples, samples), len(self.samples) - 1)
+        rows = at if self.rows is None else self.rows[at]
+        return np.where(self.samples[at] == samples, rows, -1)
+
+    def renumbered(self, samples: np.ndarray) -> Overlay:
+        """The entries for ``samples`` only, numbered as ``samples`` are (0, 1, ...): the overlay of
+        a plan of some packs whose samples were renumbered so."""
+        rows = self.lookup(samples)
+        replaced = np.flatnonzero(rows >= 0)
+        return Overlay(self.store, replaced, rows[replaced])
 
 
 def _positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -133,11 +153,10 @@ def gather_packs(
     samples = plan.order[lo:hi]
     stored = aligned[samples] + 1
     store_starts, store_ends = store.spans(samples)
-    replaced = np.zeros(len(samples), dtype=bool) if overlay is None else overlay.index[samples] >= 0
+    rows = np.full(len(samples), -1) if overlay is None else overlay.lookup(samples)
+    replaced = rows >= 0
     if replaced.any():
-        replacement = overlay.index[samples][replaced]
-        store_starts[replaced] = overlay.store.offsets[replacement]
-        store_ends[replaced] = overlay.store.offsets[replacement + 1]
+        store_starts[replaced], store_ends[replaced] = overlay.store.spans(rows[replaced])
     real = np.minimum(store_ends - store_starts, stored)
     seq_starts = np.cumsum(stored) - stored
     total = int(stored.sum())

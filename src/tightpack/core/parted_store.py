@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tightpack.core.token_store import TokenStore, TokenStoreWriter
+from tightpack.core.token_store import TokenStore
 
 __all__ = ["SUPERVISED_FILE", "PartedStore", "write_supervised"]
 
@@ -68,6 +68,7 @@ class PartedStore:
         first_row: int64 ``[num_parts]``, source row of each part's row 0.
 
     >>> import tempfile
+    >>> from tightpack.core.token_store import TokenStoreWriter
     >>> folders = [tempfile.mkdtemp(), tempfile.mkdtemp()]
     >>> for folder, tokens in zip(folders, ([5, 6, 7], [8, 9])):
     ...     writer = TokenStoreWriter(folder)
@@ -113,26 +114,33 @@ class PartedStore:
     def loss_mask(self) -> _PartedArray:
         return _PartedArray(self, "loss_mask")
 
+    def _table(self, part: int, name: str, extra: int = 0) -> np.ndarray:
+        """int64 table ``name`` of a part (``extra`` entries past one per sample), read, not kept:
+        the driver reads every part's tables once and holds only what it computes from them."""
+        count = int(self.first_sample[part + 1] - self.first_sample[part]) + extra
+        return np.fromfile(self.parts[part] / name, dtype=np.int64, count=count)
+
     def _concatenate(self, read) -> np.ndarray:
-        arrays = [read(p) for p in range(len(self.parts))]
-        return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        """One int64 array over all samples, ``read(part)`` part by part into it."""
+        values = np.empty(len(self), np.int64)
+        for part in range(len(self.parts)):
+            values[self.first_sample[part] : self.first_sample[part + 1]] = read(part)
+        return values
 
     @property
     def lengths(self) -> np.ndarray:
-        """Stored length of every sample, int64 ``[num_samples]`` (reads every part's offsets)."""
-        return self._concatenate(lambda p: np.diff(self.part(p).offsets))
+        """Stored length of every sample, int64 ``[num_samples]``."""
+        return self._concatenate(lambda p: np.diff(self._table(p, "offsets.bin", extra=1)))
 
     @property
     def source_index(self) -> np.ndarray:
         """Source row of every sample, int64 ``[num_samples]``."""
-        return self._concatenate(lambda p: self.part(p).source_index + self.first_row[p])
+        return self._concatenate(lambda p: self._table(p, "source_index.bin") + self.first_row[p])
 
     def label_supervised(self) -> np.ndarray:
         """Label-aligned supervised tokens of every sample, int64 ``[num_samples]``, as each part's
         worker counted them (`SUPERVISED_FILE`)."""
-        return self._concatenate(
-            lambda p: np.fromfile(self.parts[p] / SUPERVISED_FILE, dtype=np.int64, count=len(self.part(p)))
-        )
+        return self._concatenate(lambda p: self._table(p, SUPERVISED_FILE))
 
     def _locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         samples = np.asarray(samples, dtype=np.int64)
@@ -151,30 +159,14 @@ class PartedStore:
         return starts, ends
 
     def source_rows(self, samples: np.ndarray) -> np.ndarray:
-        """Source rows of ``samples``, int64."""
+        """Source rows of ``samples``, int64 (the tables of the parts they are in are read, not kept)."""
         part, samples = self._locate(samples)
         rows = np.empty(len(samples), np.int64)
         for p in np.unique(part).tolist():
             at = np.flatnonzero(part == p)
-            rows[at] = self.part(p).source_index[samples[at] - self.first_sample[p]] + self.first_row[p]
+            table = self._table(p, "source_index.bin")
+            rows[at] = table[samples[at] - self.first_sample[p]] + self.first_row[p]
         return rows
-
-    def samples_store(self, samples: np.ndarray, directory: str | Path) -> tuple[TokenStore, np.ndarray]:
-        """``samples`` copied, in the order given, into one store at ``directory`` (segments included),
-        and their indices in it (0, 1, ...): what truncation reads, for the few samples it cuts."""
-        writer = TokenStoreWriter(directory)
-        part, samples = self._locate(samples)
-        for sample, p in zip(samples.tolist(), part.tolist(), strict=True):
-            store, local = self.part(p), sample - int(self.first_sample[p])
-            tokens = store.sample_tokens(local)
-            writer.append(
-                tokens,
-                store.sample_loss_mask(local),
-                np.array([len(tokens)]),
-                np.array([int(store.source_index[local]) + int(self.first_row[p])]),
-                store.sample_segments(local),
-            )
-        return writer.close(), np.arange(len(samples))
 
     def select(self, samples: np.ndarray) -> SelectedSamples:
         """A view numbering ``samples`` 0, 1, ... (the samples of one shard, in plan order)."""

@@ -104,9 +104,10 @@ def pack_stats(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> PackStats
             attention_cost_mean=0.0,
             attention_cost_max=0,
         )
-    loads = plan.pack_loads(lengths)
-    attention = plan.pack_loads(lengths**2)
     packed = lengths[plan.order]
+    starts = plan.offsets[:-1]  # every pack holds a sample: reduceat sums each pack's
+    loads = np.add.reduceat(packed, starts)
+    attention = np.add.reduceat(packed * packed, starts)
     total = int(packed.sum())
     lower_bound_l2 = l2_lower_bound(packed, pack_size)
     return PackStats(

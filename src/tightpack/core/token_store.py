@@ -190,17 +190,6 @@ class TokenStore:
         """Source rows of ``samples``, int64."""
         return self.source_index[samples]
 
-    def sample_segments(self, index: int) -> Segments:
-        """The `Segments` of sample ``index``."""
-        segment_offsets, starts, kinds, units = self.segments
-        at = slice(segment_offsets[index], segment_offsets[index + 1])
-        return Segments(np.array([at.stop - at.start]), starts[at], kinds[at], units[at])
-
-    def samples_store(self, samples: np.ndarray, directory: str | Path) -> tuple[TokenStore, np.ndarray]:
-        """A store holding ``samples`` and their indices in it: this store itself (``directory``
-        unused). `tightpack.core.parted_store.PartedStore` copies them instead."""
-        return self, samples
-
     def label_supervised(self) -> np.ndarray:
         """Label-aligned supervised tokens of every sample: ``sum(mask[1:n])`` (token 0 is never a
         target), int64 ``[num_samples]``, summed a bounded number of tokens at a time."""

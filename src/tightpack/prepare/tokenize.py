@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tightpack.core.long_samples import LongSampleCut
 from tightpack.core.ranges import in_ranges
 from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter, append_eos
 from tightpack.errors import TightpackError
@@ -84,6 +85,7 @@ class TokenizeReport:
     bad_rows: list[BadRow]
     reused: bool = False  # the store came from the cache of finished stores
     texts_cut: int = 0  # samples whose text lost its middle to the text budget (`Encoder.text_budget`)
+    cut: LongSampleCut | None = None  # long samples already cut where they were tokenized (Ray)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""Driver memory per sample of ``--engine ray``: what the driver holds between the two passes.
+
+The driver of a Ray run reads per-sample tables from the workers' parts (stored lengths, source
+rows, supervised counts, the cuts of long samples), applies the long-sample policy, plans, and cuts
+the plan into one task per output file. This measures the heap those steps allocate, per sample,
+on synthetic parts (no Ray: the same functions the engine calls, in this process), at two corpus
+sizes; the slope between them is the per-sample cost, the intercept the fixed one. numpy reports
+its allocations to ``tracemalloc``, so the peak is the arrays' (not the interpreter's or Ray's, which
+`benchmarks/bench_engines.py` measures whole, as the process's resident set).
+
+Samples have demo-like lengths (log-normal, median about 300 tokens, a tail past the pack size, so
+some are cut), stored as parts of 50,000 samples, as a worker writes them; tokens are written once
+as zeros (the driver never reads them). The goal of issue 14: at most 16 bytes per sample.
+
+    .venv/bin/python benchmarks/bench_driver_memory.py [--samples 1000000 4000000] [--pack-size 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+from tightpack.core.long_samples import cut_long_samples, gathered_cut
+from tightpack.core.packed_parquet import shard_layout
+from tightpack.core.parted_store import PartedStore, write_supervised
+from tightpack.core.planner import PackPlan, plan_packs
+from tightpack.core.stats import pack_stats
+from tightpack.core.token_store import TokenStoreWriter
+from tightpack.pack_config import PackConfig
+from tightpack.prepare.tokenize import TokenizeReport
+from tightpack.sample_accounting import account_samples
+
+PART_SAMPLES = 50_000
+
+
+def write_parts(folder: Path, samples: int, pack_size: int, rng: np.random.Generator) -> list[Path]:
+    """Parts of demo-like samples, long ones cut as a worker cuts them (into ``truncated``)."""
+    parts = []
+    for number, first in enumerate(range(0, samples, PART_SAMPLES)):
+        count = min(PART_SAMPLES, samples - first)
+        lengths = np.clip(rng.lognormal(np.log(300), 1.0, count).astype(np.int64), 2, 4 * pack_size)
+        total = int(lengths.sum())
+        mask = np.ones(total, np.int8)
+        writer = TokenStoreWriter(folder / f"part-{number:08d}")
+        writer.append(np.zeros(total, np.int32), mask, lengths, np.arange(count))
+        store = writer.close()
+        write_supervised(store)
+        long = np.flatnonzero(store.lengths > pack_size + 1)
+        cut_long_samples(store, long, pack_size + 1, "right", store.directory / "truncated")
+        parts.append(store.directory)
+    return parts
+
+
+def driver_steps(parts: list[Path], config: PackConfig, staging: Path) -> int:
+    """What the driver does between the passes; returns the number of output files."""
+    counts = [PartedStore.from_parts([part], [0]).first_sample[-1] for part in parts]
+    first_row = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    store = PartedStore.from_parts(parts, first_row)
+    cut = gathered_cut(store, [part / "truncated" for part in parts])
+    report = TokenizeReport(store, len(store), [], cut=cut)
+    _, keep, aligned, _, overlay = account_samples(store, config, report, staging)
+    kept = np.flatnonzero(keep)
+    local_plan = plan_packs(aligned[kept], config.packed_sequence_size, algorithm=config.algorithm)
+    plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
+    del kept, local_plan  # as the pipeline does
+    pack_stats(plan, aligned, config.packed_sequence_size)
+    shards = shard_layout(plan, aligned)
+    for shard in shards:  # what the driver ships to each file's task
+        lo, hi = plan.offsets[shard.first], plan.offsets[shard.stop]
+        samples = plan.order[lo:hi]
+        _ = (aligned[samples], overlay.lookup(samples) if overlay is not None else None)
+    return len(shards)
+
+
+def measure(samples: int, pack_size: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        parts = write_parts(folder, samples, pack_size, np.random.default_rng(seed))
+        config = PackConfig(packed_sequence_size=pack_size, reuse_store=False)
+        gc.collect()
+        tracemalloc.start()
+        clock = time.perf_counter()
+        files = driver_steps(parts, config, folder / "staging")
+        seconds = time.perf_counter() - clock
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return {"samples": samples, "peak": peak, "seconds": seconds, "files": files}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, nargs=2, default=[1_000_000, 4_000_000])
+    parser.add_argument("--pack-size", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    small, large = (measure(n, args.pack_size, args.seed) for n in args.samples)
+    for row in (small, large):
+        print(
+            f"{row['samples']:>11,} samples: driver heap peak {row['peak'] / 2**20:8.1f} MiB "
+            f"({row['peak'] / row['samples']:5.1f} B/sample), {row['seconds']:.2f} s, {row['files']} files"
+        )
+    slope = (large["peak"] - small["peak"]) / (large["samples"] - small["samples"])
+    intercept = small["peak"] - slope * small["samples"]
+    print(f"per sample: {slope:.1f} B (goal 16 B); fixed: {intercept / 2**20:.1f} MiB")
+    print(f"at 1B samples: {slope * 1e9 / 1e9:.0f} GB of driver heap")
+
+
+if __name__ == "__main__":
+    main()
