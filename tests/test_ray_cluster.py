@@ -29,13 +29,16 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def demo_rows(tmp_path_factory) -> Path:
-    rows = [row for chunk in default_corpus().read(0, 512) for row in chunk.parsed_rows()][:2048]
+    rows = [row for chunk in default_corpus().read(0, 512) for row in chunk.parsed_rows()][:1024]
     return write_jsonl(tmp_path_factory.mktemp("demo") / "demo.jsonl", rows)
 
 
 @pytest.fixture
-def two_nodes():
+def two_nodes(monkeypatch):
     from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # no usage statistics from test clusters
+    monkeypatch.setenv("RAY_DATA_USAGE_DISABLED", "1")
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)

@@ -6,6 +6,7 @@ run with a local run of the same inputs and settings, output file by output file
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -31,8 +32,10 @@ ray = pytest.importorskip("ray")
 def cluster():
     """The module's cluster; files are cut into ranges of 64 KiB, so that every input file here is
     several pieces of work (the default, 32 MiB, would make each one piece)."""
-    ray.init(num_cpus=2, include_dashboard=False, namespace="tightpack", log_to_driver=False)
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # no usage statistics from test clusters
+        patch.setenv("RAY_DATA_USAGE_DISABLED", "1")
+        ray.init(num_cpus=2, include_dashboard=False, namespace="tightpack", log_to_driver=False)
         patch.setattr(file_ranges, "RANGE_BYTES", 1 << 16)
         yield
     ray.shutdown()
@@ -67,22 +70,34 @@ def assert_same_output(local, ray_result) -> None:
 
 @pytest.fixture(scope="module")
 def demo_rows(tmp_path_factory) -> Path:
-    """The first 2,048 conversations of the demo corpus as a JSONL file (four chunks of 512 rows)."""
-    rows = [row for chunk in default_corpus().read(0, 512) for row in chunk.parsed_rows()][:2048]
+    """The first 1,024 conversations of the demo corpus as a JSONL file (2.5 MB: about 40 pieces of
+    the module's 64 KiB ranges)."""
+    chunks = itertools.islice(default_corpus().read(0, 512), 2)
+    rows = [row for chunk in chunks for row in chunk.parsed_rows()]
     return write_jsonl(tmp_path_factory.mktemp("demo") / "demo.jsonl", rows)
 
 
+@pytest.fixture(scope="module")
+def local_demo(tmp_path_factory, demo_rows):
+    """The local engine's output of ``demo_rows``, which every Ray run of them must equal."""
+    config = PackConfig(packed_sequence_size=1024, workers=1, reuse_store=False)
+    return pack_dataset([demo_rows], tmp_path_factory.mktemp("local") / "demo", config)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
-def test_the_demo_corpus_packs_to_the_same_bytes(tmp_path, demo_rows, workers):
-    local, ray_result = pack_both([demo_rows], tmp_path, "demo", workers=workers, packed_sequence_size=1024)
-    assert local.counts["samples_in"] == 2048
-    assert_same_output(local, ray_result)
+def test_the_demo_corpus_packs_to_the_same_bytes(tmp_path, demo_rows, local_demo, workers):
+    config = PackConfig(packed_sequence_size=1024, engine="ray", workers=workers, reuse_store=False)
+    ray_result = pack_dataset([demo_rows], tmp_path / "ray", config)
+    assert local_demo.counts["samples_in"] == 1024
+    assert_same_output(local_demo, ray_result)
 
 
-def test_the_embedded_demo_corpus_travels_from_the_driver_and_packs_to_the_same_bytes(tmp_path):
-    """The embedded corpus lives in the driver's memory: its chunks of rows are the pieces of work."""
-    local, ray_result = pack_both(None, tmp_path, "embedded", packed_sequence_size=2048)
-    assert local.counts["samples_in"] == 7168
+def test_rows_in_the_drivers_memory_travel_as_chunks_and_pack_to_the_same_bytes(tmp_path):
+    """Python rows (as a ``datasets.Dataset`` or the embedded corpus) live in the driver's memory:
+    their chunks of rows are the pieces of work, shipped to the actors."""
+    rows = next(default_corpus().read(0, 512)).parsed_rows()
+    local, ray_result = pack_both(rows, tmp_path, "rows", workers=1, packed_sequence_size=2048)
+    assert local.counts["samples_in"] == 512
     assert_same_output(local, ray_result)
 
 
@@ -159,14 +174,12 @@ class KillATokenizer:
         pass
 
 
-def test_a_killed_tokenizer_is_restarted_and_the_output_does_not_change(tmp_path, demo_rows):
-    settings = {"packed_sequence_size": 1024, "reuse_store": False}
-    local = pack_dataset([demo_rows], tmp_path / "local", PackConfig(**settings))
+def test_a_killed_tokenizer_is_restarted_and_the_output_does_not_change(tmp_path, demo_rows, local_demo):
     progress = KillATokenizer()
-    config = PackConfig(engine="ray", workers=2, **settings)
+    config = PackConfig(packed_sequence_size=1024, engine="ray", workers=2, reuse_store=False)
     ray_result = pack_dataset([demo_rows], tmp_path / "ray", config, progress=progress)
     assert progress.killed  # a tokenizer did die mid-run
-    assert_same_output(local, ray_result)
+    assert_same_output(local_demo, ray_result)
 
 
 def test_the_cli_runs_on_ray_and_refuses_a_ray_address_without_it(tmp_path):

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -472,11 +473,46 @@ STALE_CASES = {
 }
 
 
-@pytest.fixture
-def reuse_folder(hf_folder, tmp_path) -> Path:
-    folder = copy_folder(hf_folder[0], tmp_path / "tokenizer")
+def make_reuse_folder(hf_folder, target: Path) -> Path:
+    folder = copy_folder(hf_folder[0], target)
     (folder / "chat_template.jinja").write_text(SPECIALS_CHATML, encoding="utf-8")
     return folder
+
+
+@pytest.fixture
+def reuse_folder(hf_folder, tmp_path) -> Path:
+    return make_reuse_folder(hf_folder, tmp_path / "tokenizer")
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """The run before the change: its inputs, its output, and the cache it filled (read-only)."""
+
+    inputs: Path
+    output: Path
+    cache: Path
+
+    def cache_copy(self, target: Path) -> Path:
+        """A cache of one's own holding the store of this run."""
+        return copy_folder(self.cache, target)
+
+
+@pytest.fixture(scope="class")
+def first_run(hf_folder, tmp_path_factory) -> FirstRun:
+    """The first run of the reuse tests, done once: the REUSE_ROWS through an unchanged reuse_folder
+    into a fresh cache, which it fills. A test copies the cache and packs again with the same inputs
+    file (the store key holds the input's path and content) and its own tokenizer folder: the key holds
+    the tokenizer's content, not its path (`TokenizerSpec.fingerprint`), so an unchanged folder hits
+    the copied store (test_no_change_reuses_the_store) and a changed one must miss it."""
+    root = tmp_path_factory.mktemp("first-run")
+    inputs = write_jsonl(root / "rows.jsonl", REUSE_ROWS)
+    run = FirstRun(inputs, root / "first", root / "cache")
+    result = tightpack_pack(
+        inputs, run.output, make_reuse_folder(hf_folder, root / "tokenizer"), cache=run.cache
+    )
+    assert not store_reused(result)
+    assert list((run.cache / "stores").iterdir()), "the first run left no token store"
+    return run
 
 
 class TestStoreReuse:
@@ -484,16 +520,13 @@ class TestStoreReuse:
     ids, whatever changed (tokenizer files or formatting options)."""
 
     @pytest.mark.parametrize("case", list(STALE_CASES))
-    def test_a_change_misses_the_store(self, reuse_folder, tmp_path, case):
+    def test_a_change_misses_the_store(self, first_run, reuse_folder, tmp_path, case):
         change, written = STALE_CASES[case]
-        inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS)
-        cache = tmp_path / "cache"
-        first = tightpack_pack(inputs, tmp_path / "first", reuse_folder, cache=cache)
-        assert not store_reused(first)
+        cache = first_run.cache_copy(tmp_path / "cache")
         extra = change(reuse_folder)
-        second = tightpack_pack(inputs, tmp_path / "second", reuse_folder, *extra, cache=cache)
+        second = tightpack_pack(first_run.inputs, tmp_path / "second", reuse_folder, *extra, cache=cache)
         assert not store_reused(second), f"{case}: the token store of the first run was reused"
-        new, old = packed_samples(tmp_path / "second"), packed_samples(tmp_path / "first")
+        new, old = packed_samples(tmp_path / "second"), packed_samples(first_run.output)
         assert sorted(new) == sorted(old) == [0, 1]
         assert written(new, old), f"{case}:\nnew {new}\nold {old}"
 
@@ -506,14 +539,14 @@ class TestStoreReuse:
         ],
         ids=["nothing", "config reformatted"],
     )
-    def test_no_change_reuses_the_store(self, reuse_folder, tmp_path, change):
-        inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS)
-        first = tightpack_pack(inputs, tmp_path / "first", reuse_folder, cache=tmp_path / "cache")
-        assert not store_reused(first)
+    def test_no_change_reuses_the_store(self, first_run, reuse_folder, tmp_path, change):
+        """Also what makes the shared first run sound: its copied cache serves a tokenizer folder
+        elsewhere, with the same content."""
+        cache = first_run.cache_copy(tmp_path / "cache")
         change(reuse_folder)
-        second = tightpack_pack(inputs, tmp_path / "second", reuse_folder, cache=tmp_path / "cache")
+        second = tightpack_pack(first_run.inputs, tmp_path / "second", reuse_folder, cache=cache)
         assert store_reused(second)
-        assert packed_samples(tmp_path / "second") == packed_samples(tmp_path / "first")
+        assert packed_samples(tmp_path / "second") == packed_samples(first_run.output)
 
     def test_bos_edited_in_the_config_only_is_refused(self, reuse_folder, tmp_path):
         """The post-processor adds <|endoftext|> as BOS; the config's bos_token becomes "Hello": the

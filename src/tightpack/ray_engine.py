@@ -80,8 +80,13 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[RayRun]:
     machine's), shut down after.
     """
     ray = _import_ray()
+    # Ray Data asks a Prometheus server for cluster metrics after every execution, for its usage
+    # statistics: tightpack sends none and asks for none (a user may opt in by setting the variable).
+    os.environ.setdefault("RAY_DATA_USAGE_DISABLED", "1")
     started = False
     if not ray.is_initialized():
+        if address is None:  # a cluster of our own reports no usage statistics either
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         options = {
             "namespace": _NAMESPACE,
             "include_dashboard": False,
