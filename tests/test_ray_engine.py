@@ -136,6 +136,17 @@ def test_files_with_bad_rows_long_samples_and_no_supervision_give_the_same_bytes
     assert_same_output(local, ray_result)
 
 
+def test_the_legacy_npy_is_written_by_the_driver_from_the_parts(tmp_path, chat_rows, monkeypatch):
+    """``--output-format npy`` on Ray: the driver gathers the packs from the workers' parts and their
+    cuts (one file, the legacy format), the local engine's bytes."""
+    monkeypatch.setattr(file_ranges, "RANGE_BYTES", 4096)
+    inputs = mixed_inputs(tmp_path, chat_rows)
+    settings = {"packed_sequence_size": 256, "skip_bad_lines": True, "output_format": "npy"}
+    local, ray_result = pack_both(inputs, tmp_path, "npy", **settings)
+    assert local.counts["truncated"] >= 1
+    assert (local.output / "packs.npy").read_bytes() == (ray_result.output / "packs.npy").read_bytes()
+
+
 def test_the_first_bad_row_stops_the_run_with_the_local_message(tmp_path, chat_rows, monkeypatch):
     monkeypatch.setattr(file_ranges, "RANGE_BYTES", 4096)
     inputs = mixed_inputs(tmp_path, chat_rows)

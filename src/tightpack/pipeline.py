@@ -34,15 +34,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from tightpack import __version__
-from tightpack.core import legacy_npy
 from tightpack.core.balanced_plan import balance_pack_costs
-from tightpack.core.checksums import file_digest
 from tightpack.core.cost_model import cost_spread
-from tightpack.core.packed_parquet import (
-    default_row_group_size,
-    gather_packs,
-    write_packed_parquet,
-)
 from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
@@ -50,7 +43,6 @@ from tightpack.core.store_cache import StoreCache, claim
 from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore
 from tightpack.errors import TightpackError
 from tightpack.output_folder import (
-    MANIFEST_FORMAT,
     MANIFEST_NAME,
     METADATA_NAME,
     check_publishable,
@@ -60,6 +52,7 @@ from tightpack.output_folder import (
     sweep_work,
 )
 from tightpack.pack_config import PackConfig
+from tightpack.pack_output import build_manifest, write_packs
 from tightpack.prepare.sources import open_sources
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
@@ -200,10 +193,12 @@ def _pack_into(
         progress.advance(1)
 
     with _stage("write", len(plan), progress, times):
-        files = _write(store, plan, aligned, staging, spec.eos_id, config, progress, overlay, ray_run)
+        files = write_packs(
+            store, plan, aligned, staging, spec.eos_id, config, progress.advance, overlay, ray_run
+        )
         metadata = [stats.megatron_metadata()]
         (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
-        manifest = _manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
+        manifest = build_manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
     for work in ("_store", "_parts", "_truncated"):
         shutil.rmtree(staging / work, ignore_errors=True)
@@ -361,83 +356,3 @@ def _input_paths(inputs) -> list[Path]:
     if isinstance(inputs, (list, tuple)):
         return [Path(item) for item in inputs if isinstance(item, (str, Path))]
     return []
-
-
-def _write(
-    store, plan, aligned, staging: Path, pad_id: int, config: PackConfig, progress, overlay, ray_run
-) -> list[dict]:
-    if config.output_format == "npy":
-        rows = []
-        for first in range(0, len(plan), 1024):
-            stop = min(first + 1024, len(plan))
-            packed = gather_packs(store, plan, aligned, pad_id, first, stop, overlay)
-            for row in range(stop - first):
-                tokens = slice(packed.row_offsets[row], packed.row_offsets[row + 1])
-                seqs = slice(packed.seq_offsets[row], packed.seq_offsets[row + 1])
-                rows.append(
-                    {
-                        "input_ids": packed.input_ids[tokens],
-                        "loss_mask": packed.loss_mask[tokens],
-                        "seq_start_id": packed.seq_start_id[seqs],
-                        "sample_index": packed.sample_index[seqs],
-                        "seq_len": packed.seq_len[seqs],
-                    }
-                )
-            progress.advance(stop - first)
-        path = staging / "packs.npy"
-        legacy_npy.write_legacy_npy(path, rows)
-        return [{"name": path.name, "rows": len(plan), **file_digest(path)}]
-    row_group_size = config.row_group_size or default_row_group_size(config.packed_sequence_size)
-    if ray_run is not None:
-        return ray_run.write(
-            store,
-            plan,
-            aligned,
-            staging,
-            pad_id=pad_id,
-            row_group_size=row_group_size,
-            overlay=overlay,
-            on_packs=progress.advance,
-        )
-    return write_packed_parquet(
-        store,
-        plan,
-        aligned,
-        staging,
-        pad_id=pad_id,
-        row_group_size=row_group_size,
-        on_packs=progress.advance,
-        overlay=overlay,
-    )
-
-
-def _manifest(config, spec, sources, counts, stats, files, excluded, bad_rows) -> dict:
-    source_identity = [s.identity for s in sources]
-    source_fingerprint = hashlib.sha256(json.dumps(source_identity, sort_keys=True).encode()).hexdigest()
-    settings = config.settings()
-    run_fingerprint = hashlib.sha256(
-        json.dumps([settings, spec.fingerprint, source_fingerprint], sort_keys=True, default=str).encode()
-    ).hexdigest()
-    return {
-        "format": MANIFEST_FORMAT,
-        "tightpack_version": __version__,
-        "engine": config.engine,
-        "fingerprint": run_fingerprint,
-        "settings": settings,
-        "tokenizer": {
-            "name": spec.name,
-            "fingerprint": spec.fingerprint,
-            "vocab_size": spec.vocab_size,
-            "eos_id": spec.eos_id,
-            "eos_token": spec.eos_token,
-            "chat_template": spec.chat_template is not None,
-        },
-        "sources": source_identity,
-        "source_fingerprint": source_fingerprint,
-        "counts": counts,
-        "stats": stats.to_dict(),
-        "metadata_file": METADATA_NAME,
-        "files": files,
-        "excluded": excluded,
-        "bad_rows": [asdict(row) for row in bad_rows],
-    }
