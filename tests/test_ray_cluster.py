@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.prepare import file_ranges
 from tightpack.prepare.sources import default_corpus
 
 from .conftest import write_jsonl
@@ -47,12 +48,16 @@ def two_nodes(monkeypatch):
     cluster.shutdown()
 
 
-def test_two_nodes_pack_the_local_engines_bytes_into_a_shared_folder(tmp_path, demo_rows, two_nodes):
+def test_two_nodes_pack_the_local_engines_bytes_into_a_shared_folder(
+    tmp_path, demo_rows, two_nodes, monkeypatch
+):
     assert len(two_nodes.list_all_nodes()) == 2
     settings = {"packed_sequence_size": 1024, "reuse_store": False}
     local = pack_dataset([demo_rows], tmp_path / "local", PackConfig(workers=1, **settings))
     # --ray-address joins the running cluster; two actors of one CPU each on two one-CPU nodes: one
-    # actor per node, each in its node's own worker process.
+    # actor per node, each in its node's own worker process, taking the 2.5 MB file's 40 pieces of
+    # 64 KiB between them; the file's write task reads the parts both wrote.
+    monkeypatch.setattr(file_ranges, "RANGE_BYTES", 1 << 16)
     config = PackConfig(engine="ray", workers=None, ray_address=two_nodes.address, **settings)
     distributed = pack_dataset([demo_rows], tmp_path / "shared", config)
     for path in local.output.iterdir():
