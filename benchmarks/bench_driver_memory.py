@@ -29,10 +29,10 @@ import numpy as np
 from tightpack.core.long_samples import cut_long_samples, gathered_cut
 from tightpack.core.packed_parquet import shard_layout
 from tightpack.core.parted_store import PartedStore, write_supervised
-from tightpack.core.planner import PackPlan, plan_packs
 from tightpack.core.stats import pack_stats
 from tightpack.core.token_store import TokenStoreWriter
 from tightpack.pack_config import PackConfig
+from tightpack.pipeline import plan_kept
 from tightpack.prepare.tokenize import TokenizeReport
 from tightpack.sample_accounting import account_samples
 
@@ -65,10 +65,7 @@ def driver_steps(parts: list[Path], config: PackConfig, staging: Path) -> int:
     cut = gathered_cut(store, [part / "truncated" for part in parts])
     report = TokenizeReport(store, len(store), [], cut=cut)
     _, keep, aligned, _, overlay = account_samples(store, config, report, staging)
-    kept = np.flatnonzero(keep)
-    local_plan = plan_packs(aligned[kept], config.packed_sequence_size, algorithm=config.algorithm)
-    plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
-    del kept, local_plan  # as the pipeline does
+    plan, _ = plan_kept(aligned, keep, config)
     pack_stats(plan, aligned, config.packed_sequence_size)
     shards = shard_layout(plan, aligned)
     for shard in shards:  # what the driver ships to each file's task

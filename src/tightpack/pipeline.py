@@ -165,7 +165,6 @@ def _pack_into(
 ) -> PackResult:
     """Tokenize, account, plan and write into ``staging`` (published by the caller); ``ray_run``:
     on that cluster (`tightpack.ray_engine`), None: here."""
-    cost_balance = None
     estimates = [source.estimated_rows for source in sources]
     with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
         report = _tokenize(sources, spec, config, staging, progress, notes, ray_run)
@@ -181,14 +180,7 @@ def _pack_into(
                 f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
                 f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
             )
-        kept = np.flatnonzero(keep)
-        local_plan = plan_packs(
-            aligned[kept], config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed
-        )
-        if config.balance_costs is not None:
-            local_plan, cost_balance = _balance(local_plan, aligned[kept], config)
-        plan = PackPlan(order=kept[local_plan.order], offsets=local_plan.offsets)
-        del kept, local_plan  # the driver's memory per sample (benchmarks/bench_driver_memory.py)
+        plan, cost_balance = plan_kept(aligned, keep, config)
         stats = pack_stats(plan, aligned, config.packed_sequence_size)
         progress.advance(1)
 
@@ -205,6 +197,32 @@ def _pack_into(
     return PackResult(
         staging, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance
     )
+
+
+_MAP_SAMPLES = 1 << 20
+"""Plan entries renumbered at a time by `plan_kept`."""
+
+
+def plan_kept(
+    aligned: np.ndarray, keep: np.ndarray, config: PackConfig
+) -> tuple[PackPlan, dict[str, Any] | None]:
+    """The packs of the kept samples (numbered as ``aligned``), and the cost balance report.
+
+    The planner numbers the kept samples 0, 1, ...; its order is renumbered in place, a block at a
+    time, so that at most two arrays over the samples live beside ``aligned`` (the driver's memory
+    per sample, `benchmarks/bench_driver_memory.py`).
+    """
+    kept_lengths = aligned[keep]
+    plan = plan_packs(kept_lengths, config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed)
+    cost_balance = None
+    if config.balance_costs is not None:
+        plan, cost_balance = _balance(plan, kept_lengths, config)
+    del kept_lengths
+    kept, order = np.flatnonzero(keep), plan.order
+    for first in range(0, len(order), _MAP_SAMPLES):
+        block = order[first : first + _MAP_SAMPLES]
+        block[:] = kept[block]
+    return plan, cost_balance
 
 
 def _balance(plan: PackPlan, lengths: np.ndarray, config: PackConfig) -> tuple[PackPlan, dict[str, Any]]:

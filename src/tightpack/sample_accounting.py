@@ -70,7 +70,7 @@ def account_samples(store: TokenStore | PartedStore, config: PackConfig, report,
     tokens_packed = int(np.sum(real, where=keep))
     supervised_packed = int(np.sum(supervised, where=keep))
     del supervised
-    aligned = aligned_lengths(real, config.multiple, cap)
+    aligned = aligned_lengths(real, config.multiple, cap, out=real)  # in place: real is spent
     del real
     kept_cut = keep[cut.samples]
     by_reason = {

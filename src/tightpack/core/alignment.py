@@ -63,10 +63,14 @@ def length_cap(max_length: int, multiple: int) -> int:
     return cap
 
 
-def aligned_lengths(runtime_lengths: np.ndarray, multiple: int, cap: int) -> np.ndarray:
+def aligned_lengths(
+    runtime_lengths: np.ndarray, multiple: int, cap: int, out: np.ndarray | None = None
+) -> np.ndarray:
     """Aligned runtime length of each sample: ``min(cap, ceil(r, m))`` (contract section 2.4).
 
     Each stored sequence becomes ``aligned + 1`` tokens: padded when shorter, truncated when longer.
+    With ``out`` (int64, which may be ``runtime_lengths`` itself) the result is written there a block
+    at a time, so that no temporary spans all the samples.
 
     >>> aligned_lengths(np.array([15, 16, 19, 20]), 8, 16).tolist()
     [16, 16, 16, 16]
@@ -74,4 +78,13 @@ def aligned_lengths(runtime_lengths: np.ndarray, multiple: int, cap: int) -> np.
     [0, 16, 24]
     """
     runtime_lengths = np.asarray(runtime_lengths, dtype=np.int64)
-    return np.minimum(cap, ceil_to_multiple(runtime_lengths, multiple))
+    if out is None:
+        return np.minimum(cap, ceil_to_multiple(runtime_lengths, multiple))
+    for first in range(0, len(runtime_lengths), _ALIGN_BLOCK):
+        block = slice(first, first + _ALIGN_BLOCK)
+        out[block] = aligned_lengths(runtime_lengths[block], multiple, cap)
+    return out
+
+
+_ALIGN_BLOCK = 1 << 20
+"""Samples aligned at a time by `aligned_lengths` with ``out``."""

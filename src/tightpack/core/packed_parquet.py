@@ -236,7 +236,7 @@ class Shard:
 def shard_layout(plan: PackPlan, aligned: np.ndarray, packs_per_file: int = 100_000) -> list[Shard]:
     """The files a plan is written as: ``packs_per_file`` packs each, gathered in chunks of at most
     ``_CHUNK_TOKENS`` stored tokens (cut at file boundaries)."""
-    chunks = _pack_chunks(plan, plan.pack_loads(aligned + 1), _CHUNK_TOKENS)
+    chunks = _pack_chunks(plan, plan.pack_loads(aligned) + plan.pack_sizes, _CHUNK_TOKENS)  # stored
     shards = []
     for number, file_first in enumerate(range(0, len(plan), packs_per_file)):
         file_stop = min(file_first + packs_per_file, len(plan))

@@ -47,6 +47,10 @@ MAX_PACK_SIZE = 2**31 - 1
 _COUNTING_SORT_SLACK = 2**16
 
 
+_LOAD_PACKS = 1 << 16
+"""Packs summed at a time by `PackPlan.pack_loads`."""
+
+
 @dataclass(frozen=True)
 class PackPlan:
     """Which samples go into which pack, as CSR arrays.
@@ -86,10 +90,25 @@ class PackPlan:
         packs[self.order] = np.repeat(np.arange(len(self), dtype=np.int64), self.pack_sizes)
         return packs
 
-    def pack_loads(self, lengths: np.ndarray) -> np.ndarray:
-        """Sum of ``lengths`` in each pack, int64 ``[len(plan)]``."""
-        cumulative = np.concatenate(([0], np.cumsum(np.asarray(lengths, dtype=np.int64)[self.order])))
-        return cumulative[self.offsets[1:]] - cumulative[self.offsets[:-1]]
+    def pack_loads(self, lengths: np.ndarray, power: int = 1) -> np.ndarray:
+        """Sum of ``lengths ** power`` in each pack, int64 ``[len(plan)]``.
+
+        Summed a block of packs at a time: the temporaries stay bounded whatever the plan's size.
+
+        >>> plan = PackPlan(order=np.array([2, 0, 1]), offsets=np.array([0, 1, 1, 3]))
+        >>> plan.pack_loads(np.array([3, 4, 5]), power=2).tolist()
+        [25, 0, 25]
+        """
+        lengths = np.asarray(lengths)
+        loads = np.empty(len(self), dtype=np.int64)
+        for first in range(0, len(self), _LOAD_PACKS):
+            offsets = self.offsets[first : min(first + _LOAD_PACKS, len(self)) + 1]
+            values = lengths[self.order[offsets[0] : offsets[-1]]].astype(np.int64, copy=False) ** power
+            cumulative = np.concatenate(([0], np.cumsum(values)))
+            loads[first : first + len(offsets) - 1] = (
+                cumulative[offsets[1:] - offsets[0]] - cumulative[offsets[:-1] - offsets[0]]
+            )
+        return loads
 
 
 def plan_packs(

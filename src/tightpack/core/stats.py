@@ -14,7 +14,7 @@ import numpy as np
 
 from tightpack.core.planner import PackPlan
 
-__all__ = ["PackStats", "l2_lower_bound", "pack_stats"]
+__all__ = ["PackStats", "l2_bound_of_counts", "l2_lower_bound", "pack_stats"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,10 @@ class PackStats:
         }
 
 
+_STATS_SAMPLES = 1 << 20
+"""Samples whose lengths `pack_stats` counts at a time."""
+
+
 def pack_stats(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> PackStats:
     """Statistics of ``plan`` over ``lengths`` (``[num_samples]``, the planner's input).
 
@@ -104,12 +108,15 @@ def pack_stats(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> PackStats
             attention_cost_mean=0.0,
             attention_cost_max=0,
         )
-    packed = lengths[plan.order]
-    starts = plan.offsets[:-1]  # every pack holds a sample: reduceat sums each pack's
-    loads = np.add.reduceat(packed, starts)
-    attention = np.add.reduceat(packed * packed, starts)
-    total = int(packed.sum())
-    lower_bound_l2 = l2_lower_bound(packed, pack_size)
+    loads, attention = plan.pack_loads(lengths), plan.pack_loads(lengths, 2)
+    values, counts = _merged_counts(  # the plan's lengths, a block of samples at a time
+        [
+            _length_counts(lengths[plan.order[first : first + _STATS_SAMPLES]])
+            for first in range(0, len(plan.order), _STATS_SAMPLES)
+        ]
+    )
+    total = int(loads.sum())
+    lower_bound_l2 = l2_bound_of_counts(values, counts, pack_size)
     return PackStats(
         pack_size=pack_size,
         samples=len(plan.order),
@@ -122,7 +129,7 @@ def pack_stats(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> PackStats
         packing_factor=len(plan.order) / len(plan),
         max_samples_per_pack=int(plan.pack_sizes.max()),
         min_packed_length=int(loads.min()),
-        dataset_max_length=int(packed.max()),
+        dataset_max_length=int(values[-1]),
         attention_cost_mean=float(attention.mean()),
         attention_cost_max=int(attention.max()),
     )
@@ -162,7 +169,13 @@ def l2_lower_bound(lengths: np.ndarray, pack_size: int) -> int:
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) == 0:
         return 0
-    values, counts = _length_counts(lengths)
+    return l2_bound_of_counts(*_length_counts(lengths), pack_size)
+
+
+def l2_bound_of_counts(values: np.ndarray, counts: np.ndarray, pack_size: int) -> int:
+    """`l2_lower_bound` of the items ``values[i]`` (ascending, distinct) taken ``counts[i]`` times."""
+    if len(values) == 0:
+        return 0
     count_below = np.concatenate(([0], np.cumsum(counts)))  # items among values[:i]
     volume_below = np.concatenate(([0], np.cumsum(values * counts)))  # their total length
     half = int(np.searchsorted(values, pack_size // 2, side="right"))  # values[:half] are <= C/2
@@ -174,6 +187,13 @@ def l2_lower_bound(lengths: np.ndarray, pack_size: int) -> int:
     room = n2 * pack_size - (volume_below[fit_end] - volume_below[half])
     excess = volume_below[half] - volume_below[small_from] - room
     return int((n1 + n2 + np.maximum(0, -(-excess // pack_size))).max())
+
+
+def _merged_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values (ascending) and counts of several ``(values, counts)`` taken together."""
+    values, inverse = np.unique(np.concatenate([values for values, _ in parts]), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate([counts for _, counts in parts]))
+    return values, counts.astype(np.int64)
 
 
 def _length_counts(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
