@@ -118,6 +118,7 @@ def group_trees(draw: st.DrawFn) -> _Groups:
         table=np.array(table, dtype=np.int64),
         values=np.array([value_of_key[k] for k in sample_keys], dtype=np.int64),
         n_keys=n_keys,
+        samples=len(sample_keys),
     )
 
 
@@ -144,6 +145,25 @@ def test_expansion_of_bfd_groups_matches_reference(problem: tuple[list[int], int
 @given(groups=group_trees())
 def test_expansion_of_arbitrary_groups_matches_reference(groups: _Groups) -> None:
     assert_same_plan(_expand_groups(groups), as_arrays(*reference_expand(groups)))
+
+
+@PROPERTY_SETTINGS
+@given(problem=packing_problems(), data=st.data())
+def test_samples_marked_negative_are_left_out_as_if_removed(problem, data) -> None:
+    """``skip_negative``: the plan of the marked lengths (int32 or int64, kept as they are) is the plan
+    of the other samples alone, numbered by their place among all: no compacted copy changes it."""
+    lengths, pack_size = problem
+    marked = np.array(lengths, dtype=data.draw(st.sampled_from([np.int32, np.int64])))
+    dropped = data.draw(st.lists(st.booleans(), min_size=len(lengths), max_size=len(lengths)))
+    marked[np.array(dropped, dtype=bool)] = -1
+    kept = np.flatnonzero(marked >= 0)
+    for scale in (1, 10**6):  # the histogram, and the sorting path of far longer lengths
+        scaled = np.where(marked >= 0, marked.astype(np.int64) * scale, -1)
+        plan = plan_packs(scaled, pack_size * scale, skip_negative=True)
+        alone = plan_packs(scaled[kept], pack_size * scale)
+        assert plan.order.tolist() == kept[alone.order].tolist()
+        assert plan.offsets.tolist() == alone.offsets.tolist()
+    assert_same_plan(plan_packs(marked, pack_size, skip_negative=True), plan)  # int32 as int64
 
 
 def test_large_random_lengths_match_reference() -> None:
@@ -242,11 +262,12 @@ def kernel_arguments(groups: _Groups, **replace: np.ndarray | int) -> tuple[np.n
         "node_count": groups.node_count,
         "table": groups.table,
         "values": groups.values,
+        "value_size": groups.values.itemsize,
         "n_keys": groups.n_keys,
     }
     fields.update(replace)
     n_packs = int(fields["node_bins"].sum())
-    order = np.empty(len(fields["values"]), dtype=np.int64)
+    order = np.empty(groups.samples, dtype=np.int64)
     return (*fields.values(), order, np.empty(n_packs + 1, dtype=np.int64))
 
 
@@ -263,6 +284,9 @@ INCONSISTENT = "the groups do not hold exactly the samples of each key"
         ({"node_bins": np.array([1, 0, 2, 1])}, INCONSISTENT),  # the empty bin as a group
         ({"values": np.array([4, 3, 4, 3, 4])}, INCONSISTENT),  # more 4s and fewer 3s than placed
         ({"values": np.array([4, 3, 5, 3, 3])}, INCONSISTENT),  # a value beyond the table
+        ({"values": np.array([4, -1, 4, 3, 3])}, INCONSISTENT),  # a sample not packed: one place empty
+        ({"values": np.array([4, 3, 4, 3, 3], dtype=np.int32)}, "expects int64 buffers"),  # size says 8
+        ({"value_size": 2}, "expects int64 buffers"),
         ({"table": np.array([0, 0, 0, 0, 2])}, INCONSISTENT),  # a table key out of range
         ({"n_keys": 1}, INCONSISTENT),
         ({"parent": np.array([-1, 0, 1])}, "expects int64 buffers"),

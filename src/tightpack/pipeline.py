@@ -181,6 +181,7 @@ def _pack_into(
                 f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
             )
         plan, cost_balance = plan_kept(aligned, keep, config)
+        del keep  # the plan holds the kept samples now (the driver's memory per sample)
         stats = pack_stats(plan, aligned, config.packed_sequence_size)
         progress.advance(1)
 
@@ -208,12 +209,17 @@ def plan_kept(
 ) -> tuple[PackPlan, dict[str, Any] | None]:
     """The packs of the kept samples (numbered as ``aligned``), and the cost balance report.
 
-    The planner numbers the kept samples 0, 1, ...; its order is renumbered in place, a block at a
-    time, so that at most two arrays over the samples live beside ``aligned`` (the driver's memory
-    per sample, `benchmarks/bench_driver_memory.py`).
+    ``bfd`` plans ``aligned`` itself, the samples not kept marked -1 in place (they are never read
+    again): no array over the samples is made beside the plan's order (the driver's memory per
+    sample, `benchmarks/bench_driver_memory.py`). The other planners and the cost balance take the
+    kept samples' lengths, and their order is renumbered a block at a time.
     """
-    kept_lengths = aligned[keep]
-    plan = plan_packs(kept_lengths, config.packed_sequence_size, algorithm=config.algorithm, seed=config.seed)
+    size, algorithm = config.packed_sequence_size, config.algorithm
+    if algorithm == "bfd" and config.balance_costs is None:
+        aligned[~keep] = -1
+        return plan_packs(aligned, size, algorithm=algorithm, skip_negative=True), None
+    kept_lengths = aligned[keep].astype(np.int64, copy=False)
+    plan = plan_packs(kept_lengths, size, algorithm=algorithm, seed=config.seed)
     cost_balance = None
     if config.balance_costs is not None:
         plan, cost_balance = _balance(plan, kept_lengths, config)

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from tightpack.core.long_samples import cut_long_samples, gathered_cut
-from tightpack.core.packed_parquet import Overlay, shard_layout, write_shard
+from tightpack.core.packed_parquet import Overlay, Shard, shard_layout, write_shard
 from tightpack.core.parted_store import PartedStore, write_supervised
 from tightpack.core.planner import PackPlan
 from tightpack.core.token_store import TokenStoreWriter
@@ -54,7 +54,7 @@ from tightpack.prepare.file_ranges import FileRange, file_ranges, read_range
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, bad_row_error, encode_chunk
 
-__all__ = ["LongSamples", "RayRun", "ray_cluster"]
+__all__ = ["LongSamples", "RayRun", "ShardWork", "ray_cluster", "shard_work"]
 
 _NAMESPACE = "tightpack"
 _WRITE_RETRIES = 3
@@ -185,10 +185,41 @@ _OVERLAY = "truncated"
 """A part's overlay folder: its long samples as cut (`cut_long_samples`); absent when none is."""
 
 
-def _write_shard_task(store: PartedStore, samples, plan, aligned, overlay: Overlay | None, **write):
+@dataclasses.dataclass(frozen=True)
+class ShardWork:
+    """What the task writing one file gets: the file (`Shard`, pack numbers from 0), its samples in
+    plan order, where each pack starts among them, their aligned lengths and overlay entries (both
+    numbered as the samples are: 0, 1, ...)."""
+
+    shard: Shard
+    samples: np.ndarray
+    offsets: np.ndarray
+    aligned: np.ndarray
+    overlay: Overlay | None
+
+
+def shard_work(plan: PackPlan, aligned: np.ndarray, overlay: Overlay | None) -> Iterator[ShardWork]:
+    """The work of every output file of ``plan`` (`shard_layout`), one at a time: the driver holds
+    one file's arrays beside the plan, whatever the plan's size."""
+    for shard in shard_layout(plan, aligned):
+        lo, hi = plan.offsets[shard.first], plan.offsets[shard.stop]
+        samples = plan.order[lo:hi]
+        yield ShardWork(
+            shard.shifted(),
+            samples,
+            plan.offsets[shard.first : shard.stop + 1] - lo,
+            aligned[samples],
+            None if overlay is None else overlay.renumbered(samples),
+        )
+
+
+def _write_shard_task(store: PartedStore, work: ShardWork, **write) -> dict:
     """A Ray task: one output file, its packs' tokens read from the parts and their overlays
     (`write_shard`)."""
-    return write_shard(store.select(samples), plan, aligned, overlay=overlay, **write)
+    plan = PackPlan(order=np.arange(len(work.samples)), offsets=work.offsets)
+    return write_shard(
+        store.select(work.samples), plan, work.aligned, shard=work.shard, overlay=work.overlay, **write
+    )
 
 
 @dataclasses.dataclass
@@ -269,21 +300,12 @@ class RayRun:
         task = ray.remote(num_cpus=1, max_retries=_WRITE_RETRIES)(_write_shard_task)
         store_reference = ray.put(store)
         pending, files = deque(), []
-        for shard in shard_layout(plan, aligned):
-            lo, hi = plan.offsets[shard.first], plan.offsets[shard.stop]
-            samples = plan.order[lo:hi]
-            local_plan = PackPlan(
-                order=np.arange(hi - lo), offsets=plan.offsets[shard.first : shard.stop + 1] - lo
-            )
+        for work in shard_work(plan, aligned, overlay):
             pending.append(
                 task.remote(
                     store_reference,
-                    samples,
-                    local_plan,
-                    aligned[samples],
-                    None if overlay is None else overlay.renumbered(samples),
+                    work,
                     directory=str(directory),
-                    shard=shard.shifted(),
                     pad_id=pad_id,
                     row_group_size=row_group_size,
                 )

@@ -177,10 +177,16 @@ typedef struct {
     int64_t next;      /* the entry after the current one */
 } KeyCursor;
 
+/* values[i] as int64, from int32 or int64 storage. */
+static inline int64_t value_at(const void *values, int wide, Py_ssize_t i) {
+    return wide ? ((const int64_t *)values)[i] : (int64_t)((const int32_t *)values)[i];
+}
+
 static int expand_groups_kernel(const int64_t *node_bins, const int64_t *parent, const int64_t *node_key,
                                 const int64_t *node_count, Py_ssize_t n_nodes, const int64_t *table,
-                                Py_ssize_t table_len, const int64_t *values, Py_ssize_t n, Py_ssize_t n_keys,
-                                int64_t *order, int64_t *offsets, Py_ssize_t n_packs) {
+                                Py_ssize_t table_len, const void *values, int wide, Py_ssize_t n_values,
+                                Py_ssize_t n, Py_ssize_t n_keys, int64_t *order, int64_t *offsets,
+                                Py_ssize_t n_packs) {
     if (node_bins[0] != 0) return -1; /* the empty bin is never a group */
     Py_ssize_t n_entries = 0;         /* entries that claim samples: at most n, each claims one or more */
     for (Py_ssize_t k = 1; k < n_nodes; k++) {
@@ -250,14 +256,15 @@ static int expand_groups_kernel(const int64_t *node_bins, const int64_t *parent,
     }
     if (written != n || pack != n_packs) goto done;
 
-    /* Pass 2: every sample to its position, in input order. */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t value = values[i];
-        if (value < 0 || value >= table_len) goto done;
+    /* Pass 2: every sample to its position, in input order; a negative value is a sample not packed. */
+    for (Py_ssize_t i = 0; i < n_values; i++) {
+        const int64_t value = value_at(values, wide, i);
+        if (value < 0) continue;
+        if (value >= table_len) goto done;
         const int64_t key = table[value];
         if (key < 0 || key >= n_keys) goto done;
-        if (i + PREFETCH_AHEAD < n) { /* where that sample's key writes now: usually where it will */
-            const int64_t ahead = values[i + PREFETCH_AHEAD];
+        if (i + PREFETCH_AHEAD < n_values) { /* where that sample's key writes now: usually where it will */
+            const int64_t ahead = value_at(values, wide, i + PREFETCH_AHEAD);
             if (ahead >= 0 && ahead < table_len && table[ahead] >= 0 && table[ahead] < n_keys)
                 PREFETCH_FOR_WRITE(order + cursor[table[ahead]].pos);
         }
@@ -295,25 +302,29 @@ done:
 
 static PyObject *expand_groups(PyObject *self, PyObject *args) {
     Py_buffer node_bins, parent, node_key, node_count, table, values, order, offsets;
-    Py_ssize_t n_keys;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*nw*w*", &node_bins, &parent, &node_key, &node_count, &table, &values,
-                          &n_keys, &order, &offsets))
+    Py_ssize_t n_keys, value_size;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*nnw*w*", &node_bins, &parent, &node_key, &node_count, &table,
+                          &values, &value_size, &n_keys, &order, &offsets))
         return NULL;
     PyObject *result = NULL;
     const Py_ssize_t size = (Py_ssize_t)sizeof(int64_t);
-    const Py_ssize_t n_nodes = node_bins.len / size, n = values.len / size, n_packs = offsets.len / size - 1;
+    const Py_ssize_t n_nodes = node_bins.len / size, n = order.len / size, n_packs = offsets.len / size - 1;
+    const int wide = value_size == 8;
     if (node_bins.len % size || parent.len != node_bins.len || node_key.len != node_bins.len ||
-        node_count.len != node_bins.len || n_nodes < 1 || table.len % size || values.len % size ||
-        order.len != values.len || offsets.len % size || n_packs < 0 || n_keys < 0) {
+        node_count.len != node_bins.len || n_nodes < 1 || table.len % size || (value_size != 4 && !wide) ||
+        values.len % value_size || order.len % size || n > values.len / value_size || offsets.len % size ||
+        n_packs < 0 || n_keys < 0) {
         PyErr_SetString(PyExc_ValueError,
                         "expand_groups: expects int64 buffers (node_bins, parent, node_key, node_count of equal "
-                        "size >= 1; table; values, order of equal size; offsets) and n_keys >= 0");
+                        "size >= 1; table; order, at most one entry per value; offsets), values of int32 or "
+                        "int64 (value_size 4 or 8) and n_keys >= 0");
         goto done;
     }
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = expand_groups_kernel(node_bins.buf, parent.buf, node_key.buf, node_count.buf, n_nodes, table.buf,
-                                  table.len / size, values.buf, n, n_keys, order.buf, offsets.buf, n_packs);
+                                  table.len / size, values.buf, wide, values.len / value_size, n, n_keys,
+                                  order.buf, offsets.buf, n_packs);
     Py_END_ALLOW_THREADS
     if (status == -2) {
         PyErr_NoMemory();
@@ -345,8 +356,9 @@ static PyMethodDef methods[] = {
     {"group_by_bin", group_by_bin, METH_VARARGS,
      "group_by_bin(bins: int64 buffer, order_out: int64 buffer, offsets_out: int64 buffer) -> None"},
     {"expand_groups", expand_groups, METH_VARARGS,
-     "expand_groups(node_bins, parent, node_key, node_count, table, values: int64 buffers, n_keys: int, "
-     "order_out: int64 buffer, offsets_out: int64 buffer) -> None"},
+     "expand_groups(node_bins, parent, node_key, node_count, table: int64 buffers, values: int32 or int64 "
+     "buffer (negative: not packed), value_size: 4 or 8, n_keys: int, order_out: int64 buffer, "
+     "offsets_out: int64 buffer) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -69,17 +69,16 @@ def aligned_lengths(
     """Aligned runtime length of each sample: ``min(cap, ceil(r, m))`` (contract section 2.4).
 
     Each stored sequence becomes ``aligned + 1`` tokens: padded when shorter, truncated when longer.
-    With ``out`` (int64, which may be ``runtime_lengths`` itself) the result is written there a block
-    at a time, so that no temporary spans all the samples.
+    With ``out`` (which may be ``runtime_lengths`` itself, int32 too) the result is written there a
+    block at a time, so that no temporary spans all the samples.
 
     >>> aligned_lengths(np.array([15, 16, 19, 20]), 8, 16).tolist()
     [16, 16, 16, 16]
     >>> aligned_lengths(np.array([0, 16, 17]), 8, 24).tolist()
     [0, 16, 24]
     """
-    runtime_lengths = np.asarray(runtime_lengths, dtype=np.int64)
     if out is None:
-        return np.minimum(cap, ceil_to_multiple(runtime_lengths, multiple))
+        return np.minimum(cap, ceil_to_multiple(np.asarray(runtime_lengths, dtype=np.int64), multiple))
     for first in range(0, len(runtime_lengths), _ALIGN_BLOCK):
         block = slice(first, first + _ALIGN_BLOCK)
         out[block] = aligned_lengths(runtime_lengths[block], multiple, cap)

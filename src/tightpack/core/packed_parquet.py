@@ -151,7 +151,7 @@ def gather_packs(
     """
     lo, hi = plan.offsets[first_pack], plan.offsets[stop_pack]
     samples = plan.order[lo:hi]
-    stored = aligned[samples] + 1
+    stored = aligned[samples].astype(np.int64) + 1
     store_starts, store_ends = store.spans(samples)
     rows = np.full(len(samples), -1) if overlay is None else overlay.lookup(samples)
     replaced = rows >= 0

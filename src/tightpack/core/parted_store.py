@@ -120,17 +120,17 @@ class PartedStore:
         count = int(self.first_sample[part + 1] - self.first_sample[part]) + extra
         return np.fromfile(self.parts[part] / name, dtype=np.int64, count=count)
 
-    def _concatenate(self, read) -> np.ndarray:
-        """One int64 array over all samples, ``read(part)`` part by part into it."""
-        values = np.empty(len(self), np.int64)
+    def _concatenate(self, read, dtype=np.int64) -> np.ndarray:
+        """One array over all samples, ``read(part)`` part by part into it."""
+        values = np.empty(len(self), dtype)
         for part in range(len(self.parts)):
             values[self.first_sample[part] : self.first_sample[part + 1]] = read(part)
         return values
 
     @property
     def lengths(self) -> np.ndarray:
-        """Stored length of every sample, int64 ``[num_samples]``."""
-        return self._concatenate(lambda p: np.diff(self._table(p, "offsets.bin", extra=1)))
+        """Stored length of every sample, int32 ``[num_samples]`` (half the driver's memory of int64)."""
+        return self._concatenate(lambda p: np.diff(self._table(p, "offsets.bin", extra=1)), np.int32)
 
     @property
     def source_index(self) -> np.ndarray:
@@ -138,9 +138,9 @@ class PartedStore:
         return self._concatenate(lambda p: self._table(p, "source_index.bin") + self.first_row[p])
 
     def label_supervised(self) -> np.ndarray:
-        """Label-aligned supervised tokens of every sample, int64 ``[num_samples]``, as each part's
+        """Label-aligned supervised tokens of every sample, int32 ``[num_samples]``, as each part's
         worker counted them (`SUPERVISED_FILE`)."""
-        return self._concatenate(lambda p: self._table(p, SUPERVISED_FILE))
+        return self._concatenate(lambda p: self._table(p, SUPERVISED_FILE), np.int32)
 
     def _locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         samples = np.asarray(samples, dtype=np.int64)

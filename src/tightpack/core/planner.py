@@ -47,7 +47,9 @@ MAX_PACK_SIZE = 2**31 - 1
 _COUNTING_SORT_SLACK = 2**16
 
 
-_LOAD_PACKS = 1 << 16
+_COUNT_BLOCK = 1 << 20
+"""Lengths counted at a time by the bfd planner's histogram."""
+_LOAD_PACKS = 1 << 12
 """Packs summed at a time by `PackPlan.pack_loads`."""
 
 
@@ -117,14 +119,18 @@ def plan_packs(
     *,
     algorithm: str = "bfd",
     seed: int = 0,
+    skip_negative: bool = False,
 ) -> PackPlan:
     """Group samples into packs of at most ``pack_size`` tokens.
 
     Args:
-        lengths: non-negative sample lengths, ``[num_samples]``, each ``<= pack_size``.
+        lengths: non-negative sample lengths, ``[num_samples]``, each ``<= pack_size``. int32 lengths
+            are planned as they are by ``bfd`` (the others take an int64 copy).
         pack_size: capacity of one pack, in the same unit as ``lengths``.
         algorithm: one of ``ALGORITHMS`` (``bfd``, ``ffd``, ``first_fit``, ``first_fit_shuffle``).
         seed: seed of the shuffle of ``first_fit_shuffle``; the other algorithms are deterministic.
+        skip_negative: ``bfd`` only: a negative length marks a sample that is not packed, and the
+            plan lists the others by their index in ``lengths`` (no compacted copy is made).
 
     Returns:
         A `PackPlan` in which every sample appears exactly once.
@@ -152,12 +158,17 @@ def plan_packs(
         raise TightpackError(f"lengths must be one-dimensional, got shape {lengths.shape}")
     if len(lengths) and not np.issubdtype(lengths.dtype, np.integer):
         raise TightpackError(f"lengths must be integers, got dtype {lengths.dtype}")
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if skip_negative and algorithm != "bfd":
+        raise TightpackError(f"skip_negative is for the bfd planner, not {algorithm!r}")
+    wide = algorithm != "bfd" or lengths.dtype != np.int32
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64 if wide else np.int32)
     if len(lengths) == 0:
         return PackPlan(order=np.zeros(0, np.int64), offsets=np.zeros(1, np.int64))
     low, high = int(lengths.min()), int(lengths.max())
-    if low < 0:
+    if low < 0 and not skip_negative:
         raise TightpackError(f"lengths must be non-negative; sample {int(lengths.argmin())} has length {low}")
+    if high < 0:
+        return PackPlan(order=np.zeros(0, np.int64), offsets=np.zeros(1, np.int64))
     if high > pack_size:
         raise TightpackError(
             f"sample {int(lengths.argmax())} has length {high} > pack_size {pack_size}; "
@@ -251,7 +262,7 @@ class _Groups:
     Node ``k`` (int64 arrays, one entry per node; node 0 is the empty bin) adds ``node_count[k]``
     samples of key ``node_key[k]`` (the index of a distinct length, ascending) to the composition of
     node ``parent[k] < k``; ``node_bins[k] > 0`` bins hold the composition of node ``k``. Sample ``i``
-    has key ``table[values[i]]``, one of ``n_keys``.
+    has key ``table[values[i]]``, one of ``n_keys``; a negative ``values[i]`` is not packed.
     """
 
     node_bins: np.ndarray
@@ -261,6 +272,7 @@ class _Groups:
     table: np.ndarray
     values: np.ndarray
     n_keys: int
+    samples: int  # the samples packed (those of non-negative value)
 
 
 def _bfd_groups(lengths: np.ndarray, pack_size: int, longest: int) -> _Groups:
@@ -348,6 +360,7 @@ def _bfd_groups(lengths: np.ndarray, pack_size: int, longest: int) -> _Groups:
         table=table,
         values=values,
         n_keys=len(distinct_lengths),
+        samples=int(counts.sum()),
     )
 
 
@@ -363,14 +376,19 @@ def _group_by_length(
     ``lengths.max()``.
     """
     if _key_range_is_small(longest, len(lengths)):
-        histogram = np.bincount(lengths).astype(np.int64, copy=False)
+        histogram = np.zeros(longest + 1, dtype=np.int64)
+        for first in range(0, len(lengths), _COUNT_BLOCK):  # negative lengths (not packed) are left out
+            block = lengths[first : first + _COUNT_BLOCK]
+            histogram += np.bincount(block[block >= 0], minlength=longest + 1)
         distinct = np.flatnonzero(histogram)
         counts = histogram[distinct]
         histogram[distinct] = np.arange(len(distinct))  # absent lengths keep 0: no sample looks them up
         return distinct, counts, lengths, histogram
-    distinct, keys, counts = np.unique(lengths, return_inverse=True, return_counts=True)
-    keys = np.ascontiguousarray(keys, dtype=np.int64)
-    return distinct, counts, keys, np.arange(len(distinct), dtype=np.int64)
+    packed = lengths >= 0
+    distinct, keys, counts = np.unique(lengths[packed], return_inverse=True, return_counts=True)
+    values = np.full(len(lengths), -1, dtype=np.int64)
+    values[packed] = keys
+    return distinct, counts, values, np.arange(len(distinct), dtype=np.int64)
 
 
 def _expand_groups(groups: _Groups) -> PackPlan:
@@ -388,12 +406,12 @@ def _expand_groups(groups: _Groups) -> PackPlan:
     >>> groups = _Groups(
     ...     node_bins=np.array([0, 0, 2, 1]), parent=np.array([-1, 0, 1, 0]),
     ...     node_key=np.array([0, 1, 0, 0]), node_count=np.array([0, 1, 1, 1]),
-    ...     table=np.array([0, 0, 0, 0, 1]), values=np.array([4, 3, 4, 3, 3]), n_keys=2)
+    ...     table=np.array([0, 0, 0, 0, 1]), values=np.array([4, 3, 4, 3, 3]), n_keys=2, samples=5)
     >>> plan = _expand_groups(groups)
     >>> [pack.tolist() for pack in plan]
     [[0, 1], [2, 3], [4]]
     """
-    order = np.empty(len(groups.values), dtype=np.int64)
+    order = np.empty(groups.samples, dtype=np.int64)
     offsets = np.empty(int(groups.node_bins.sum()) + 1, dtype=np.int64)
     _firstfit.expand_groups(
         groups.node_bins,
@@ -402,6 +420,7 @@ def _expand_groups(groups: _Groups) -> PackPlan:
         groups.node_count,
         groups.table,
         groups.values,
+        groups.values.itemsize,
         groups.n_keys,
         order,
         offsets,

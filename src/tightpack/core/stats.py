@@ -70,7 +70,7 @@ class PackStats:
         }
 
 
-_STATS_SAMPLES = 1 << 20
+_STATS_SAMPLES = 1 << 16
 """Samples whose lengths `pack_stats` counts at a time."""
 
 
@@ -90,7 +90,7 @@ def pack_stats(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> PackStats
     >>> stats.packs, stats.lower_bound, stats.lower_bound_l2, stats.gap
     (4, 3, 4, 0)
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.asarray(lengths)  # int32 or int64; blocks are summed as int64
     if len(plan) == 0:
         return PackStats(
             pack_size=pack_size,
