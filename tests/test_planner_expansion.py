@@ -163,7 +163,8 @@ def test_samples_marked_negative_are_left_out_as_if_removed(problem, data) -> No
         alone = plan_packs(scaled[kept], pack_size * scale)
         assert plan.order.tolist() == kept[alone.order].tolist()
         assert plan.offsets.tolist() == alone.offsets.tolist()
-    assert_same_plan(plan_packs(marked, pack_size, skip_negative=True), plan)  # int32 as int64
+        if scale == 1:  # the drawn dtype (int32: the kernel's narrow values) plans as int64 does
+            assert_same_plan(plan_packs(marked, pack_size, skip_negative=True), plan)
 
 
 def test_large_random_lengths_match_reference() -> None:
