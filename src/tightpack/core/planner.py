@@ -133,7 +133,8 @@ def plan_packs(
             plan lists the others by their index in ``lengths`` (no compacted copy is made).
 
     Returns:
-        A `PackPlan` in which every sample appears exactly once.
+        A `PackPlan` in which every sample appears exactly once (with ``skip_negative``: every sample
+        of non-negative length).
 
     Raises:
         TightpackError: on an unknown algorithm, a pack size below 1 or above `MAX_PACK_SIZE`, a
