@@ -137,7 +137,7 @@ def test_long_prompt_corpus_keeps_every_answer(tmp_path):
     ]
     rng = np.random.default_rng(0)
     rows = []
-    for i in range(400):
+    for i in range(200):
         picked = rng.choice(len(conversations), size=int(rng.integers(1, 120)), replace=False)
         prompt = "\n\n".join(conversations[j] for j in picked) + " — résumé 日本語 ответ"
         rows.append({"input": prompt, "output": conversations[i][:200] or "ok"})
@@ -147,7 +147,7 @@ def test_long_prompt_corpus_keeps_every_answer(tmp_path):
             [source], tmp_path / f"out{size}", PackConfig(packed_sequence_size=size, workers=2)
         )
         counts = result.counts
-        assert counts["truncated"] >= 40, "the corpus has many prompts over the cap"
+        assert counts["truncated"] >= 20, "the corpus has many prompts over the cap"
         with_answer = counts["samples_in"] - counts["no_supervised_in_source"]
         assert counts["packed"] >= 0.99 * with_answer
         assert counts["no_supervised_after_truncation"] == 0
