@@ -1,4 +1,4 @@
-"""bfd's expansion (`planner._expand_groups`, C kernel ``expand_groups``) against a slow reference.
+"""bfd's expansion (`best_fit._expand_groups`, C kernel ``expand_groups``) against a slow reference.
 
 The reference is the definition the numpy expansion implemented before the kernel, in plain Python:
 samples are stably sorted by key (their length); every group contributes one entry per node of its
@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tightpack.core import _firstfit
-from tightpack.core.planner import PackPlan, _bfd_groups, _expand_groups, _Groups, plan_packs
+from tightpack.core.best_fit import _bfd_groups, _expand_groups, _Groups
+from tightpack.core.planner import PackPlan, plan_packs
 
 PROPERTY_SETTINGS = settings(max_examples=2 * settings.default.max_examples, deadline=None)
 
