@@ -24,28 +24,29 @@ def sha256_and_count(
 ) -> tuple[str, int] | tuple[str, int, list[int]]:
     """sha256 of a file and how often ``marker`` occurs in it (e.g. lines, as a row estimate).
 
-    With ``every``, also an index, from the same single read: the count of ``marker`` in
-    ``bytes[0 : k * every]`` for k = 1, 2, ... while ``k * every`` is below the file's size. The
-    index is exact for a 1-byte marker; an occurrence of a longer one that straddles a block or an
-    index boundary is not counted in it (the total is exact either way).
+    With ``every`` (a 1-byte ``marker`` only), also an index, from the same single read: the count
+    of ``marker`` in ``bytes[0 : k * every]`` for k = 1, 2, ... while ``k * every`` is below the
+    file's size. Each block is counted once, piece by piece between the index's boundaries.
     """
-    if every is not None and every < 1:
-        raise ValueError(f"every must be positive, not {every}")
+    if every is not None and (every < 1 or len(marker) != 1):
+        raise ValueError(f"every must be positive and the marker one byte, not {every}, {marker!r}")
     digest, count, tail = hashlib.sha256(), 0, b""
     index: list[int] = []
     offset = 0  # bytes before the current block
     with open(path, "rb") as handle:
         while block := handle.read(_BLOCK):
             digest.update(block)
-            if every is not None:
-                running, previous = count, 0
+            if every is None:
+                count += (tail + block).count(marker)  # tail is shorter than marker: no double count
+                tail = block[-(len(marker) - 1) :] if len(marker) > 1 else b""
+            else:
+                previous = 0
                 cut = (offset // every + 1) * every - offset  # the next boundary, within the block
                 while cut <= len(block):
-                    running += block.count(marker, previous, cut)
-                    index.append(running)
+                    count += block.count(marker, previous, cut)
+                    index.append(count)
                     previous, cut = cut, cut + every
-            count += (tail + block).count(marker)  # tail is shorter than marker: no double count
-            tail = block[-(len(marker) - 1) :] if len(marker) > 1 else b""
+                count += block.count(marker, previous)
             offset += len(block)
     if every is None:
         return digest.hexdigest(), count
