@@ -15,6 +15,7 @@ does not know how many rows the pieces before its own hold). Token positions are
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,18 @@ def write_supervised(store: TokenStore) -> None:
     store.label_supervised().tofile(store.directory / SUPERVISED_FILE)
 
 
+def _by_part(starts: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(part, where)`` for every part holding some of ``positions`` (global numbers, the parts
+    starting at ``starts``): ``positions[where]`` are that part's. One sort, whatever the number of
+    parts touched."""
+    part = np.searchsorted(starts, positions, side="right") - 1
+    by_part = np.argsort(part, kind="stable")
+    touched, firsts = np.unique(part[by_part], return_index=True)
+    stops = np.append(firsts[1:], len(positions))
+    for p, first, stop in zip(touched.tolist(), firsts.tolist(), stops.tolist(), strict=True):
+        yield p, by_part[first:stop]
+
+
 class _PartedArray:
     """``tokens`` or ``loss_mask`` of a `PartedStore`: indexed by global token positions."""
 
@@ -46,13 +59,8 @@ class _PartedArray:
     def __getitem__(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
         first_token = self.store.first_token
-        part = np.searchsorted(first_token, positions, side="right") - 1
-        by_part = np.argsort(part, kind="stable")
-        touched, firsts = np.unique(part[by_part], return_index=True)
-        stops = np.append(firsts[1:], len(positions))
         values = np.empty(len(positions), dtype=np.int32 if self.name == "tokens" else np.int8)
-        for p, first, stop in zip(touched.tolist(), firsts.tolist(), stops.tolist(), strict=True):
-            at = by_part[first:stop]
+        for p, at in _by_part(first_token, positions):
             values[at] = getattr(self.store.part(p), self.name)[positions[at] - first_token[p]]
         return values
 
@@ -142,16 +150,11 @@ class PartedStore:
         worker counted them (`SUPERVISED_FILE`)."""
         return self._concatenate(lambda p: self._table(p, SUPERVISED_FILE), np.int32)
 
-    def _locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        samples = np.asarray(samples, dtype=np.int64)
-        return np.searchsorted(self.first_sample, samples, side="right") - 1, samples
-
     def spans(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global token ``(starts, ends)`` of ``samples``, int64 each."""
-        part, samples = self._locate(samples)
+        samples = np.asarray(samples, dtype=np.int64)
         starts, ends = np.empty(len(samples), np.int64), np.empty(len(samples), np.int64)
-        for p in np.unique(part).tolist():
-            at = np.flatnonzero(part == p)
+        for p, at in _by_part(self.first_sample, samples):
             local = samples[at] - self.first_sample[p]
             offsets = self.part(p).offsets
             starts[at] = offsets[local] + self.first_token[p]
@@ -160,10 +163,9 @@ class PartedStore:
 
     def source_rows(self, samples: np.ndarray) -> np.ndarray:
         """Source rows of ``samples``, int64 (the tables of the parts they are in are read, not kept)."""
-        part, samples = self._locate(samples)
+        samples = np.asarray(samples, dtype=np.int64)
         rows = np.empty(len(samples), np.int64)
-        for p in np.unique(part).tolist():
-            at = np.flatnonzero(part == p)
+        for p, at in _by_part(self.first_sample, samples):
             table = self._table(p, "source_index.bin")
             rows[at] = table[samples[at] - self.first_sample[p]] + self.first_row[p]
         return rows
