@@ -101,6 +101,9 @@ def test_parts_read_as_the_single_store(whole_and_parts):
     for got, expected in zip(parted.spans(samples), whole.spans(samples), strict=True):
         np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(parted.source_rows(samples), whole.source_rows(samples))
+    nothing = np.zeros(0, np.int64)  # what accounting asks when a reason lists no sample
+    assert parted.source_rows(nothing).tolist() == [] and parted.tokens[nothing].tolist() == []
+    assert [array.tolist() for array in parted.spans(nothing)] == [[], []]
 
 
 def test_long_samples_cut_part_by_part_are_the_cut_of_the_whole_store(whole_and_parts, tmp_path):

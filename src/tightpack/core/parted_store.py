@@ -39,6 +39,8 @@ def _by_part(starts: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, n
     """``(part, where)`` for every part holding some of ``positions`` (global numbers, the parts
     starting at ``starts``): ``positions[where]`` are that part's. One sort, whatever the number of
     parts touched."""
+    if not len(positions):
+        return
     part = np.searchsorted(starts, positions, side="right") - 1
     by_part = np.argsort(part, kind="stable")
     touched, firsts = np.unique(part[by_part], return_index=True)
