@@ -15,6 +15,7 @@ from tightpack.runtime.adapters import to_packed_seq_params
 from tightpack.runtime.context_parallel import slice_for_cp_rank, thd_partition_indices
 from tightpack.runtime.in_batch import build_thd_from_rows
 from tightpack.runtime.loss import global_mean_loss, masked_token_loss
+from tightpack.runtime.mrope import QwenVLRope
 from tightpack.runtime.vlm import pack_vlm_samples
 
 
@@ -79,7 +80,7 @@ def packed_vlm_batch() -> dict:
             ids[1:5] = 7  # one image of 4 merged patches
             sample |= {"pixel_values": torch.randn(16, 3), "image_grid_thw": torch.tensor([[1, 4, 4]])}
         samples.append(sample)
-    return pack_vlm_samples(samples, image_token_id=7, pad_to_multiple_of=4)
+    return pack_vlm_samples(samples, QwenVLRope("qwen2_vl", image_token_id=7), pad_to_multiple_of=4)
 
 
 def test_slice_takes_every_sequence_tensor_with_the_same_indices():

@@ -21,6 +21,7 @@ from tightpack.runtime.context_parallel import slice_for_cp_rank, thd_partition_
 from tightpack.runtime.hf import hf_packed_kwargs
 from tightpack.runtime.in_batch import build_thd_from_rows, pack_right_padded_batch, pack_samples
 from tightpack.runtime.masks import document_ids
+from tightpack.runtime.mrope import QwenVLRope
 from tightpack.runtime.thd import ThdBatchError, validate_thd_batch
 from tightpack.runtime.vlm import pack_vlm_samples
 
@@ -197,7 +198,9 @@ def test_text_and_vision_language_collators_emit_valid_batches(gpt2, chat_rows):
             sample |= {"pixel_values": torch.randn(16, 3), "image_grid_thw": torch.tensor([[1, 4, 4]])}
         samples.append(sample)
     for multiple in (1, 4):
-        validate_thd_batch(pack_vlm_samples(samples, image_token_id=7, pad_to_multiple_of=multiple))
+        validate_thd_batch(
+            pack_vlm_samples(samples, QwenVLRope("qwen2_vl", image_token_id=7), pad_to_multiple_of=multiple)
+        )
 
 
 # === each kind of corruption is refused by name ========================================================

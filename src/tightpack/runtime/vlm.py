@@ -5,8 +5,9 @@
 - `unpack_for_position_ids` / `repack_position_ids`: multimodal rotary positions (3 axes, as Qwen-VL)
   are computed per sequence; these move a packed row's tokens into one padded row per sequence and
   the positions computed there back into the packed layout, alignment gaps at 0.
-- `expand_placeholders`, `qwen_vl_positions`, `pack_vlm_samples`: vision-language samples packed into
-  one THD row, their visual tensors concatenated in member order (contract section 4.3).
+- `expand_placeholders`, `pack_vlm_samples`: vision-language samples packed into one THD row, their
+  visual tensors concatenated in member order (contract section 4.3), with the multimodal positions
+  of `tightpack.runtime.mrope`.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from typing import Any
 import torch
 
 from tightpack.runtime import thd
-from tightpack.runtime.in_batch import VISUAL_KEYS, pack_samples
+from tightpack.runtime.in_batch import VISUAL_KEYS, _ranks, pack_samples
+from tightpack.runtime.mrope import QwenVLRope, qwen_vl_positions
 
 __all__ = [
     "VISUAL_KEYS",
     "expand_placeholders",
     "moe_padding_mask",
     "pack_vlm_samples",
-    "qwen_vl_positions",
     "repack_position_ids",
     "unpack_for_position_ids",
     "visual_token_counts",
@@ -157,76 +158,31 @@ def expand_placeholders(
     return torch.repeat_interleave(ids, repeats)
 
 
-def qwen_vl_positions(
-    ids: torch.Tensor,
-    *,
-    image_token_id: int,
-    image_grid_thw: torch.Tensor | None = None,
-    video_token_id: int | None = None,
-    video_grid_thw: torch.Tensor | None = None,
-    merge_size: int = 2,
-) -> torch.Tensor:
-    """Multimodal rotary positions ``[3, L]`` (temporal, height, width) of one sequence, as Qwen2-VL.
-
-    Text tokens count up on all three axes. A visual block of ``t x h x w`` patches (``h``, ``w``
-    divided by the merge size) starts at the current position and spreads over the grid; the text
-    after it continues from the block's largest position + 1.
-
-    >>> qwen_vl_positions(torch.tensor([5, 9, 9, 9, 9, 6]), image_token_id=9,
-    ...                   image_grid_thw=torch.tensor([[1, 4, 4]])).tolist()
-    [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
-    """
-    grids = {
-        image_token_id: iter(
-            torch.as_tensor(image_grid_thw).reshape(-1, 3).tolist() if image_grid_thw is not None else []
-        )
-    }
-    if video_token_id is not None:
-        grids[video_token_id] = iter(
-            torch.as_tensor(video_grid_thw).reshape(-1, 3).tolist() if video_grid_thw is not None else []
-        )
-    pieces, position, index, tokens = [], 0, 0, ids.tolist()
-    while index < len(tokens):
-        token = tokens[index]
-        if token in grids:
-            t, h, w = next(grids[token])
-            h, w = h // merge_size, w // merge_size
-            grid = torch.stack(
-                torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
-            )
-            block = grid.reshape(3, -1) + position
-            pieces.append(block)
-            position = int(block.max()) + 1
-            index += t * h * w
-        else:
-            stop = index
-            while stop < len(tokens) and tokens[stop] not in grids:
-                stop += 1
-            pieces.append(torch.arange(position, position + stop - index).expand(3, -1))
-            position += stop - index
-            index = stop
-    return torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
-
-
 def pack_vlm_samples(
     samples: list[dict[str, Any]],
+    rope: QwenVLRope,
     *,
-    image_token_id: int,
-    video_token_id: int | None = None,
-    merge_size: int = 2,
     pad_to_multiple_of: int = 1,
     pad_token_id: int = 0,
     ignore_index: int = -100,
     sequence_length: int | None = None,
     pad_to_max_length: bool = False,
 ) -> dict[str, Any]:
-    """Pack vision-language samples into one THD row.
+    """Pack Qwen-VL samples into one THD row (contract section 4.3).
 
     Each sample has expanded ``input_ids`` (see `expand_placeholders`), optional ``labels`` and
     ``loss_mask``, and its visual tensors (``pixel_values`` ``[patches, D]``, ``image_grid_thw``
-    ``[images, 3]``, the video equivalents). The batch holds the packed text keys and boundaries of
-    `build_thd_from_rows`, ``mrope_position_ids`` ``[3, 1, T]`` (each sequence's `qwen_vl_positions`,
-    alignment gaps at 0), and every visual key concatenated along dim 0 in member order.
+    ``[images, 3]``, the video equivalents, ``second_per_grid_ts`` ``[videos]``). The batch holds the
+    packed text keys and boundaries of `build_thd_from_rows`, ``mrope_position_ids`` ``[3, 1, T]``
+    (`qwen_vl_positions`, restarting at every sample, alignment gaps at 0), and every visual key
+    concatenated along dim 0 in member order. ``second_per_grid_ts`` is 1.0 for the videos of a sample
+    that has none, as transformers assumes, so it stays aligned with ``video_grid_thw``.
+
+    >>> rope = QwenVLRope("qwen2_vl", image_token_id=9, rule="spatial_extent")
+    >>> image = {"input_ids": torch.tensor([5, 9, 9, 9, 9]), "image_grid_thw": torch.tensor([[1, 4, 4]])}
+    >>> batch = pack_vlm_samples([{"input_ids": torch.tensor([3, 4])}, image], rope, pad_to_multiple_of=4)
+    >>> batch["mrope_position_ids"][1].tolist()
+    [[0, 1, 0, 0, 0, 1, 1, 2, 2, 0, 0, 0]]
     """
     batch = pack_samples(
         samples,
@@ -236,21 +192,33 @@ def pack_vlm_samples(
         pad_to_multiple_of=pad_to_multiple_of,
         pad_to_max_length=pad_to_max_length,
     )
-    positions = [
-        qwen_vl_positions(
-            sample["input_ids"],
-            image_token_id=image_token_id,
-            image_grid_thw=sample.get("image_grid_thw"),
-            video_token_id=video_token_id,
-            video_grid_thw=sample.get("video_grid_thw"),
-            merge_size=merge_size,
+    videos = [len(_grid_rows(sample.get("video_grid_thw"))) for sample in samples]
+    if any(sample.get("second_per_grid_ts") is not None for sample in samples):
+        batch["second_per_grid_ts"] = torch.cat(
+            [
+                torch.as_tensor(sample["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
+                if sample.get("second_per_grid_ts") is not None
+                else torch.ones(count)
+                for sample, count in zip(samples, videos, strict=True)
+            ]
         )
-        for sample in samples
-    ]
-    lengths = torch.tensor([p.shape[1] for p in positions])
-    longest = int(lengths.max())
-    stacked = torch.stack([torch.nn.functional.pad(p, (0, longest - p.shape[1])) for p in positions], dim=1)
+    lengths = torch.tensor([len(sample["input_ids"]) for sample in samples])
+    positions = qwen_vl_positions(
+        torch.cat([torch.as_tensor(sample["input_ids"]).reshape(-1) for sample in samples]),
+        rope,
+        image_grid_thw=batch.get("image_grid_thw"),
+        video_grid_thw=batch.get("video_grid_thw"),
+        second_per_grid_ts=batch.get("second_per_grid_ts"),
+        lengths=lengths,
+    )
     starts = thd.physical_boundaries(batch).long()[:-1]
-    batch["mrope_position_ids"] = repack_position_ids(stacked, starts, lengths, batch["total_tokens"])
+    real = torch.repeat_interleave(starts, lengths) + _ranks(lengths)
+    mrope = torch.zeros(3, 1, batch["total_tokens"], dtype=torch.long)
+    mrope[:, 0, real] = positions
+    batch["mrope_position_ids"] = mrope
     thd.check_thd_batch(batch)
     return batch
+
+
+def _grid_rows(grid_thw: Any) -> torch.Tensor:
+    return torch.zeros(0, 3) if grid_thw is None else torch.as_tensor(grid_thw).reshape(-1, 3)

@@ -1,0 +1,228 @@
+"""Multimodal rotary positions (MRoPE) of the Qwen-VL models: Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
+
+Every token gets three positions (temporal, height, width). Text counts up on all three axes. A
+visual block (one image, one video, or for Qwen3-VL one frame of a video) of ``t x h x w`` merged
+patches starts at the current position ``s``; its token ``(i, j, k)`` sits at
+``(s + floor(i * interval), s + j, s + k)``:
+
+- Qwen2-VL: ``interval = 1``.
+- Qwen2.5-VL: ``interval = tokens_per_second * second_per_grid_t`` for videos, 1 for images.
+- Qwen3-VL: videos are split into one block per temporal patch (``t = 1``); time is carried by the
+  text timestamps before each frame (`tightpack.runtime.vlm.expand_placeholders`).
+
+Where the text after a block resumes is a transformers version choice (`RESUME_RULES`):
+``"max_plus_one"`` (transformers <= 5.2) resumes at the block's largest position + 1,
+``"spatial_extent"`` (>= 5.3, PR #43972) at ``s + max(h, w)``. Images and ``t = 1`` blocks agree;
+Qwen2/2.5-VL videos with ``t > 1`` differ. The default is the installed transformers' rule.
+
+The computation is vectorized over the tokens and over the sequences of a packed stream: no Python
+loop runs per token, per block or per sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import torch
+
+from tightpack.errors import TightpackError, check_choice
+
+__all__ = ["MODELS", "RESUME_RULES", "QwenVLRope", "installed_resume_rule", "qwen_vl_positions"]
+
+MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+RESUME_RULES = ("spatial_extent", "max_plus_one")
+# transformers model_type -> the position rule of its family (the MoE variants share the dense one's)
+_MODEL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl",
+                "qwen3_vl_moe": "qwen3_vl"}  # fmt: skip
+_FIRST_SPATIAL_EXTENT_VERSION = (5, 3)
+
+
+def installed_resume_rule() -> str:
+    """The text-resume rule of the installed transformers: ``"spatial_extent"`` from 5.3 on, else
+    ``"max_plus_one"``; ``"spatial_extent"`` (the reference's pin) when transformers is absent."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        text = version("transformers")
+    except PackageNotFoundError:
+        return "spatial_extent"
+    parts = [int(p) if p.isdigit() else 0 for p in text.split(".")[:2]]
+    return "spatial_extent" if tuple(parts) >= _FIRST_SPATIAL_EXTENT_VERSION else "max_plus_one"
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenVLRope:
+    """How a Qwen-VL model places its tokens: the model family, its special tokens and merge size.
+
+    ``rule=None`` resolves to `installed_resume_rule` on construction, so the rule in effect is
+    recorded on the object. Build it from a transformers config with `from_config`.
+
+    >>> rope = QwenVLRope("qwen2_vl", image_token_id=9, rule="spatial_extent")
+    >>> rope.model, rope.merge_size, rope.rule
+    ('qwen2_vl', 2, 'spatial_extent')
+    """
+
+    model: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+    image_token_id: int
+    video_token_id: int | None = None
+    merge_size: int = 2
+    tokens_per_second: float = 1.0
+    rule: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("QwenVLRope.model", self.model, MODELS)
+        if self.rule is None:
+            object.__setattr__(self, "rule", installed_resume_rule())
+        check_choice("QwenVLRope.rule", self.rule, RESUME_RULES)
+        if self.merge_size < 1:
+            raise TightpackError(f"QwenVLRope.merge_size must be >= 1, got {self.merge_size}")
+
+    @classmethod
+    def from_config(cls, config: Any, *, rule: str | None = None) -> QwenVLRope:
+        """The positions of a transformers Qwen-VL config (``model.config``)."""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in _MODEL_TYPES:
+            raise TightpackError(
+                f"multimodal positions are defined for the Qwen-VL model types {sorted(_MODEL_TYPES)}, "
+                f"got {model_type!r}"
+            )
+        vision = config.vision_config
+        return cls(
+            _MODEL_TYPES[model_type],
+            image_token_id=config.image_token_id,
+            video_token_id=config.video_token_id,
+            merge_size=vision.spatial_merge_size,
+            tokens_per_second=getattr(vision, "tokens_per_second", 1.0),
+            rule=rule,
+        )
+
+
+def _grids(grid_thw: Any) -> torch.Tensor:
+    if grid_thw is None:
+        return torch.zeros(0, 3, dtype=torch.long)
+    return torch.as_tensor(grid_thw).reshape(-1, 3).long()
+
+
+def _items(
+    rope: QwenVLRope, image_grid_thw: Any, video_grid_thw: Any, second_per_grid_ts: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per visual item of each modality: merged grids ``[n, 3]`` and temporal intervals ``[n]``."""
+    images, videos = _grids(image_grid_thw), _grids(video_grid_thw)
+    if rope.model == "qwen3_vl":  # one block per temporal patch, timestamps in the text between them
+        videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
+        videos[:, 0] = 1
+    scale = torch.tensor([1, rope.merge_size, rope.merge_size])
+    image_intervals = torch.ones(len(images), dtype=torch.float32)
+    if rope.model == "qwen2_5_vl":
+        seconds = (
+            torch.ones(len(videos), dtype=torch.float32)
+            if second_per_grid_ts is None
+            else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1)
+        )
+        if len(seconds) != len(videos):
+            raise TightpackError(
+                f"second_per_grid_ts has {len(seconds)} values for {len(videos)} videos; give one per video"
+            )
+        # float32 as transformers computes it, so the truncation below matches theirs bit for bit
+        video_intervals = rope.tokens_per_second * seconds
+    else:
+        video_intervals = torch.ones(len(videos), dtype=torch.float32)
+    return images // scale, image_intervals, videos // scale, video_intervals
+
+
+def _locate(is_kind: torch.Tensor, grids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each token of one modality, in stream order: its item and its offset inside the item."""
+    counts = grids.prod(dim=1)
+    ends = torch.cumsum(counts, 0)
+    rank = torch.cumsum(is_kind.long(), 0)[is_kind] - 1
+    total = int(ends[-1]) if len(ends) else 0
+    if len(rank) != total:
+        raise TightpackError(
+            f"{len(rank)} {kind} tokens for {len(grids)} {kind}s of {total} tokens in all "
+            f"(per {kind}: {counts.tolist()}); expand the placeholders (expand_placeholders) with the "
+            f"same grid_thw"
+        )
+    item = torch.searchsorted(ends, rank, right=True)
+    return item, rank - (ends[item] - counts[item])
+
+
+def qwen_vl_positions(
+    input_ids: torch.Tensor,
+    rope: QwenVLRope,
+    *,
+    image_grid_thw: Any = None,
+    video_grid_thw: Any = None,
+    second_per_grid_ts: Any = None,
+    lengths: Any = None,
+) -> torch.Tensor:
+    """Multimodal positions ``[3, L]`` (int64) of token ids ``[L]`` with expanded placeholders.
+
+    ``lengths`` splits ``input_ids`` into consecutive sequences whose positions each restart at 0 (a
+    packed stream without gaps); the grids are then those of all sequences in stream order. Images
+    and videos are matched to their tokens in order, so two blocks may also follow each other
+    without text between them.
+
+    >>> rope = QwenVLRope("qwen2_vl", image_token_id=9, rule="spatial_extent")
+    >>> qwen_vl_positions(torch.tensor([5, 9, 9, 9, 9, 6]), rope, image_grid_thw=[[1, 4, 4]]).tolist()
+    [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
+    """
+    ids = torch.as_tensor(input_ids).reshape(-1)
+    images, image_intervals, videos, video_intervals = _items(
+        rope, image_grid_thw, video_grid_thw, second_per_grid_ts
+    )
+    is_image = ids == rope.image_token_id
+    is_video = ids == rope.video_token_id if rope.video_token_id is not None else torch.zeros_like(is_image)
+    if len(videos) and rope.video_token_id is None:
+        raise TightpackError("video_grid_thw given but QwenVLRope.video_token_id is None")
+    image_item, image_offset = _locate(is_image, images, "image")
+    video_item, video_offset = _locate(is_video, videos, "video")
+
+    visual = is_image | is_video
+    # per visual token: its block's merged grid, temporal interval and the token's offset in the block
+    grid = torch.empty(int(visual.sum()), 3, dtype=torch.long)
+    interval = torch.empty(len(grid), dtype=torch.float32)
+    offset = torch.empty(len(grid), dtype=torch.long)
+    for rows, item, item_offset, grids, intervals in (
+        (is_image[visual], image_item, image_offset, images, image_intervals),
+        (is_video[visual], video_item, video_offset, videos, video_intervals),
+    ):
+        grid[rows], interval[rows], offset[rows] = grids[item], intervals[item], item_offset
+
+    where = torch.nonzero(visual).reshape(-1)
+    kind = is_video.long() - is_image.long()  # -1 image, 0 text, 1 video
+    continued = where[(offset > 0)]
+    broken = continued[(continued == 0) | (kind[(continued - 1).clamp(min=0)] != kind[continued])]
+    if len(broken):
+        raise TightpackError(
+            f"a visual block is interrupted at token {int(broken[0])}: the tokens of one image or video "
+            "must be contiguous"
+        )
+
+    t, h, w = grid.unbind(1)
+    temporal_step = (offset // (h * w)).to(torch.float32) * interval
+    temporal = temporal_step.long()
+    height, width = (offset // w) % h, offset % w
+    if rope.rule == "spatial_extent":
+        block_advance = torch.maximum(h, w)
+    else:
+        last_temporal = ((t - 1).to(torch.float32) * interval).long()
+        block_advance = torch.maximum(last_temporal, torch.maximum(h, w) - 1) + 1
+
+    advance = torch.ones(len(ids), dtype=torch.long)  # text moves the position by one
+    advance[where] = torch.where(offset == 0, block_advance, 0)
+    before = torch.cumsum(advance, 0) - advance  # position in effect at each token
+    if lengths is not None:
+        lengths = torch.as_tensor(lengths, dtype=torch.long).reshape(-1)
+        if int(lengths.sum()) != len(ids) or bool((lengths <= 0).any()):
+            raise TightpackError(
+                f"sequence lengths {lengths.tolist()} must be positive and sum to the {len(ids)} tokens"
+            )
+        starts = torch.cumsum(lengths, 0) - lengths
+        before -= torch.repeat_interleave(before[starts], lengths)
+    positions = before.expand(3, -1).clone()
+    block_start = before[where - offset]
+    positions[0, where] = block_start + temporal
+    positions[1, where] = block_start + height
+    positions[2, where] = block_start + width
+    return positions
