@@ -7,7 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.qwen_vl_models import IMAGE, VIDEO, block_ids, drawn_video, image_inputs, tiny_model, video_inputs
 from tightpack.runtime.in_batch import build_thd_from_rows
+from tightpack.runtime.mrope import QwenVLRope
 from tightpack.runtime.vlm import (
     expand_placeholders,
     moe_padding_mask,
@@ -89,69 +91,49 @@ def test_unpack_and_repack_errors():
         repack_position_ids(torch.zeros(3, 2, 4), torch.tensor([0, 4]), torch.tensor([3, 3]), 6)
 
 
-IMAGE, START = 90, 92
-
-
-def drawn_image(height: int, width: int, seed: int):
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (width, height), color=(seed * 40 % 255, 80, 160))
-    ImageDraw.Draw(image).ellipse((4, 4, width // 2, height // 2), fill=(250, seed * 70 % 255, 10))
-    return image
-
-
 @pytest.fixture(scope="module")
 def vlm_samples():
-    """Three samples, each a text with one image placeholder, through the real Qwen2-VL image processor."""
-    from transformers import Qwen2VLImageProcessor
-
-    processor = Qwen2VLImageProcessor()
+    """A text-only sample, an image sample and a video sample, through the real image processor."""
+    image = image_inputs("qwen2_5_vl", 56, 84, seed=0)
+    video = video_inputs("qwen2_5_vl", drawn_video(4, 56, 84, seed=1))
     samples = []
-    for seed, (height, width) in enumerate([(56, 84), (112, 56), (84, 84)]):
-        visual = processor(images=[drawn_image(height, width, seed)], return_tensors="pt")
-        ids = torch.tensor([5 + seed, START, IMAGE, 7, 8, 9][: 4 + seed])
-        ids = expand_placeholders(ids, visual["image_grid_thw"], IMAGE, processor.merge_size)
-        labels = torch.where(ids == IMAGE, -100, ids + 1)
-        samples.append({"input_ids": ids, "labels": labels, "loss_mask": (labels != -100).float(), **visual})
+    for seed, media in enumerate([[], [("image", image)], [("video", video)], [("video", video)]]):
+        blocks = [(m, tuple(inputs[f"{m}_grid_thw"][0].tolist())) for m, inputs in media]
+        ids = block_ids("qwen2_5_vl", blocks, [2 + seed] * (len(blocks) + 1))
+        labels = torch.where((ids == IMAGE) | (ids == VIDEO), -100, ids + 1)
+        sample = {"input_ids": ids, "labels": labels, "loss_mask": (labels != -100).float()}
+        for _, inputs in media:
+            sample |= inputs
+        samples.append(sample)
+    samples[2]["second_per_grid_ts"] = torch.tensor([0.5])  # the last video has none: transformers takes 1.0
     return samples
 
 
-def tiny_qwen2_vl():
-    from transformers import Qwen2VLConfig
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
-
-    text = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "eos_token_id": 0,
-            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}  # fmt: skip
-    vision = {"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "spatial_merge_size": 2}
-    config = Qwen2VLConfig(
-        text_config=text, vision_config=vision, image_token_id=IMAGE, vision_start_token_id=START
-    )
-    return Qwen2VLModel(config)
-
-
-def test_placeholders_expand_to_the_visual_token_count(vlm_samples):
-    for sample in vlm_samples:
-        assert int((sample["input_ids"] == IMAGE).sum()) == int(sample["image_grid_thw"].prod()) // 4
+def test_placeholders_expand_to_the_visual_token_count():
+    ids = expand_placeholders(torch.tensor([1, IMAGE, 2]), torch.tensor([[1, 4, 6]]), IMAGE, 2)
+    assert ids.tolist() == [1] + [IMAGE] * 6 + [2]
     with pytest.raises(ValueError, match="1 placeholder tokens for 2 images"):
         expand_placeholders(torch.tensor([1, IMAGE]), torch.tensor([[1, 4, 4], [1, 4, 4]]), IMAGE, 2)
 
 
 @pytest.mark.parametrize("multiple", [1, 4])
 def test_packed_vlm_batch_equals_the_samples_concatenated(vlm_samples, multiple):
-    batch = pack_vlm_samples(vlm_samples, image_token_id=IMAGE, pad_to_multiple_of=multiple)
-    assert torch.equal(batch["pixel_values"], torch.cat([s["pixel_values"] for s in vlm_samples]))
-    assert torch.equal(batch["image_grid_thw"], torch.cat([s["image_grid_thw"] for s in vlm_samples]))
-    model = tiny_qwen2_vl()
+    model = tiny_model("qwen2_5_vl", dtype=torch.float32)
+    batch = pack_vlm_samples(vlm_samples, QwenVLRope.from_config(model.config), pad_to_multiple_of=multiple)
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        assert torch.equal(batch[key], torch.cat([s[key] for s in vlm_samples if key in s]))
+    assert batch["second_per_grid_ts"].tolist() == [0.5, 1.0]
     physical = batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"]).tolist()
     covered = torch.zeros(batch["total_tokens"], dtype=torch.bool)
     for sample, start, stop in zip(vlm_samples, physical[:-1], physical[1:], strict=True):
         ids = sample["input_ids"]
         n = len(ids)
         assert torch.equal(batch["input_ids"][0, start : start + n], ids)
-        expected, _ = model.get_rope_index(
-            ids[None], (ids == IMAGE).int()[None], image_grid_thw=sample["image_grid_thw"]
-        )
+        kinds = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
+        expected, _ = model.model.get_rope_index(
+            ids[None], kinds[None], image_grid_thw=sample.get("image_grid_thw"),
+            video_grid_thw=sample.get("video_grid_thw"), second_per_grid_ts=sample.get("second_per_grid_ts"),
+        )  # fmt: skip
         assert torch.equal(batch["mrope_position_ids"][:, 0, start : start + n], expected[:, 0])
         covered[start : start + n] = True
         assert (batch["mrope_position_ids"][:, 0, start + n : stop] == 0).all()  # alignment gaps at 0
