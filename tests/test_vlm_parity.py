@@ -106,7 +106,9 @@ def test_packed_losses_and_gradients_equal_unpacked(family, attention, multiple)
         # patches moves its gradients at float32 precision; everything else agrees to float64's
         expected = expected_grads[name]
         scale = float(expected.abs().max())
-        torch.testing.assert_close(grad, expected, atol=1e-5 * scale, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            grad, expected, atol=1e-5 * scale, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_attention_crossing_sequences_changes_the_losses(family):
