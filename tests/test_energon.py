@@ -26,6 +26,8 @@ from megatron.energon import (  # noqa: E402
 
 from tightpack.errors import TightpackError  # noqa: E402
 from tightpack.runtime.energon import PackedSample, PackingTaskEncoderMixin, PreparedSample  # noqa: E402
+from tightpack.runtime.mrope import QwenVLRope  # noqa: E402
+from tightpack.runtime.vlm import pack_vlm_samples  # noqa: E402
 
 # Energon asks the torch DataLoader to pin memory; this machine has no accelerator.
 pytestmark = pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")
@@ -321,3 +323,54 @@ def test_checking_lengths_in_encode_sample_skips_only_the_long_samples(dataset, 
     packs = list(loader(path, 0, encoder, repeat=False))
     fitting = [key for key, ids in tokens.items() if -(-len(ids) // MULTIPLE) * MULTIPLE <= 24]
     assert sorted(key for batch in packs for key in batch["keys"]) == sorted(fitting) != sorted(tokens)
+
+
+# -- Qwen-VL packs ------------------------------------------------------------------------------------
+
+IMAGE, START, END = 90, 92, 93
+
+
+class VisionEncoder(TextEncoder):
+    """Every third sample ends with an image of ``[1, 4, 4]`` patches (4 tokens); its pixels hold the
+    sample's number."""
+
+    vlm_rope = QwenVLRope("qwen2_vl", image_token_id=IMAGE, rule="spatial_extent")
+
+    @stateless
+    def encode_sample(self, sample: TextSample) -> PreparedSample:
+        number = int(sample.__key__[1:])
+        ids = [int(token) % 80 + 1 for token in sample.text.split()]
+        visual = {}
+        if number % 3 == 0:
+            ids += [START, *[IMAGE] * 4, END]
+            visual = {
+                "pixel_values": torch.full((16, 6), float(number)),
+                "image_grid_thw": torch.tensor([[1, 4, 4]]),
+            }
+        ids = torch.tensor(ids)
+        return PreparedSample.derive_from(sample, input_ids=ids, labels=ids + 1, **visual)
+
+
+def test_qwen_vl_packs_through_a_real_loader(dataset, loader):
+    path, tokens = dataset
+    encoder = VisionEncoder()
+    packs = list(loader(path, 0, encoder, repeat=False))
+    assert sorted(key for batch in packs for key in batch["keys"]) == sorted(tokens)
+    with_images = 0
+    for batch in packs:
+        fields = ("input_ids", "labels", "pixel_values", "image_grid_thw")
+        rows = []
+        for key in batch["keys"]:
+            text = " ".join(map(str, tokens[key]))
+            member = encoder.encode_sample(TextSample(__key__=key, __restore_key__=(), text=text))
+            rows.append(
+                {field: getattr(member, field) for field in fields if getattr(member, field) is not None}
+            )
+        expected = pack_vlm_samples(rows, encoder.vlm_rope, pad_to_multiple_of=MULTIPLE)
+        assert torch.equal(batch["mrope_position_ids"], expected["mrope_position_ids"])
+        numbers = [int(key[1:]) for key in batch["keys"] if int(key[1:]) % 3 == 0]
+        if numbers:
+            with_images += 1
+            assert batch["pixel_values"][::16, 0].tolist() == [float(n) for n in numbers]  # member order
+            assert batch["image_grid_thw"].tolist() == [[1, 4, 4]] * len(numbers)
+    assert with_images > 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ import torch
 
 from tightpack.core.planner import plan_packs
 from tightpack.errors import TightpackError
+from tightpack.runtime.mrope import QwenVLRope
 from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
+from tightpack.runtime.vlm import pack_vlm_samples
 
 
 def make_stream(count: int, seed: int, high: int = 300):
@@ -322,3 +325,37 @@ def test_a_second_pass_over_a_finite_stream_starts_again():
     _, source, restore = make_stream(30, seed=12)
     packer = OnlinePacker(source, OnlinePackConfig(pack_size=512, packing_buffer_size=4), restore=restore)
     assert [p["keys"] for p in packer] == [p["keys"] for p in packer]
+
+
+def test_qwen_vl_packs_carry_positions_and_visual_tensors_in_member_order():
+    """``pack_fn=partial(pack_vlm_samples, rope=...)``: each pack is the Qwen-VL batch of its members."""
+    image, start, end = 90, 92, 93
+    rope = QwenVLRope("qwen2_5_vl", image_token_id=image, video_token_id=91, tokens_per_second=2)
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(40):
+        ids, visual = torch.arange(int(rng.integers(1, 30))) % 80 + 1, {}
+        if i % 2:
+            side = int(rng.choice([2, 4]))
+            ids = torch.cat([ids, torch.tensor([start, *[image] * (side * side // 4), end])])
+            visual = {
+                "pixel_values": torch.full((side * side, 3), float(i)),
+                "image_grid_thw": torch.tensor([[1, side, side]]),
+            }
+        samples.append({"key": i, "input_ids": ids, **visual})
+    config = OnlinePackConfig(pack_size=64, packing_buffer_size=8, pad_to_multiple_of=4)
+    packer = OnlinePacker(
+        lambda first, stride: iter(samples[first::stride]),
+        config,
+        pack_fn=partial(pack_vlm_samples, rope=rope),
+    )
+    packs = list(packer)
+    assert sorted(key for pack in packs for key in pack["keys"]) == list(range(40))
+    for pack in packs:
+        members = [samples[key] for key in pack["keys"]]
+        expected = pack_vlm_samples(members, rope, pad_to_multiple_of=4)
+        assert torch.equal(pack["mrope_position_ids"], expected["mrope_position_ids"])
+        if "pixel_values" in pack:
+            assert pack["pixel_values"][:, 0].unique_consecutive().tolist() == [
+                float(k) for k in pack["keys"] if k % 2
+            ]

@@ -31,7 +31,10 @@ one of ``STRATEGIES``:
 belongs to `tightpack.runtime.online`'s streaming strategy, which emits one fullest pack per step and
 keeps the leftovers for later, which Energon's selector cannot do (it must group the whole buffer).
 ``batch`` builds the THD row with `tightpack.runtime.in_batch.pack_samples` and adds the member
-``keys``. Needs the optional extra: ``pip install 'tightpack[energon]'``.
+``keys``; with ``vlm_rope`` set (a `tightpack.runtime.mrope.QwenVLRope`) it builds it with
+`tightpack.runtime.vlm.pack_vlm_samples`, which adds the Qwen-VL multimodal positions
+(``mrope_position_ids``) and the visual tensors in member order. Needs the optional extra:
+``pip install 'tightpack[energon]'``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from tightpack.core.planner import plan_packs
 from tightpack.core.subset_fill import fill_groups
 from tightpack.errors import TightpackError, check_choice
 from tightpack.runtime.in_batch import VISUAL_KEYS, pack_samples
+from tightpack.runtime.mrope import QwenVLRope
+from tightpack.runtime.vlm import pack_vlm_samples
 
 try:
     from megatron.energon import Sample, edataclass, stateless
@@ -75,6 +80,7 @@ class PreparedSample(Sample):
     image_grid_thw: torch.Tensor | None = None
     pixel_values_videos: torch.Tensor | None = None
     video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
 
 
 @edataclass
@@ -90,8 +96,9 @@ class PackingTaskEncoderMixin:
     Configure with class or instance attributes: ``pack_size`` (tokens per pack, required),
     ``pad_to_multiple_of`` (alignment of every member), ``pad_to_max_length`` (every row exactly
     ``pack_size`` wide), ``packing_strategy`` (``fullest_first`` or ``ffd``; ``best_fill`` is a
-    deprecated alias of ``fullest_first``), ``pad_token_id`` and ``ignore_index``. Members are
-    `PreparedSample` objects, or any object with the same attributes.
+    deprecated alias of ``fullest_first``), ``pad_token_id``, ``ignore_index``, and for Qwen-VL
+    models ``vlm_rope`` (``QwenVLRope.from_config(model_config)``). Members are `PreparedSample`
+    objects, or any object with the same attributes.
     """
 
     pack_size: int | None = None
@@ -100,6 +107,7 @@ class PackingTaskEncoderMixin:
     packing_strategy: Literal["fullest_first", "ffd"] = "fullest_first"
     pad_token_id: int = 0
     ignore_index: int = -100
+    vlm_rope: QwenVLRope | None = None
 
     def _checked_settings(self) -> tuple[int, int]:
         """``(pack_size, pad_to_multiple_of)`` after checking every setting."""
@@ -202,14 +210,14 @@ class PackingTaskEncoderMixin:
         length = sum(self.packing_length(member) for member in members)
         if length > size:
             raise TightpackError(f"Packed group length {length} exceeds seq_length={size}.")
-        batch = pack_samples(
-            [_as_mapping(member) for member in members],
-            sequence_length=size,
-            pad_token_id=self.pad_token_id,
-            ignore_index=self.ignore_index,
-            pad_to_multiple_of=multiple,
-            pad_to_max_length=self.pad_to_max_length,
-        )
+        rows = [_as_mapping(member) for member in members]
+        options = {"sequence_length": size, "pad_token_id": self.pad_token_id,
+                   "ignore_index": self.ignore_index, "pad_to_multiple_of": multiple,
+                   "pad_to_max_length": self.pad_to_max_length}  # fmt: skip
+        if self.vlm_rope is None:
+            batch = pack_samples(rows, **options)
+        else:
+            batch = pack_vlm_samples(rows, self.vlm_rope, **options)
         batch["keys"] = [member.__key__ for member in members]
         batch["__restore_key__"] = ()
         return batch

@@ -31,7 +31,13 @@ __all__ = [
     "prepare_sequence_batch",
 ]
 
-VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+VISUAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
 _STANDARD = ("position_ids", "labels", "loss_mask", "attention_mask", "padding_mask")
 _OPTIONAL = ("labels", "loss_mask")
 

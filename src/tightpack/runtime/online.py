@@ -93,8 +93,9 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         restore: ``restore(key)`` prepares the sample with that key again (for `load_state_dict`).
         rank, world_size: this data-parallel rank and their number; each rank packs its own shard.
         pack_fn: builds a batch from the member samples, with the keyword arguments of
-            `tightpack.runtime.in_batch.pack_samples` (the default); for Qwen2-VL positions pass
-            ``functools.partial(pack_vlm_samples, image_token_id=...)``.
+            `tightpack.runtime.in_batch.pack_samples` (the default); for Qwen-VL models pass
+            ``functools.partial(pack_vlm_samples, rope=QwenVLRope.from_config(model.config))``,
+            which adds the multimodal positions (`tightpack.runtime.vlm.pack_vlm_samples`).
 
     Raises:
         TightpackError: a setting is invalid, or ``rank`` is outside ``[0, world_size)``.
