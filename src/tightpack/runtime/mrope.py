@@ -113,6 +113,12 @@ def _items(
         videos = torch.repeat_interleave(videos, videos[:, 0], dim=0)
         videos[:, 0] = 1
     scale = torch.tensor([1, rope.merge_size, rope.merge_size])
+    for kind, grids in (("image", images), ("video", videos)):
+        if bool((grids < 1).any()) or bool((grids % scale).any()):
+            raise TightpackError(
+                f"{kind}_grid_thw {grids.tolist()} must hold positive patch counts, the height and width "
+                f"multiples of the merge size {rope.merge_size} (as the processor gives them)"
+            )
     image_intervals = torch.ones(len(images), dtype=torch.float32)
     if rope.model == "qwen2_5_vl":
         seconds = (
@@ -131,20 +137,24 @@ def _items(
     return images // scale, image_intervals, videos // scale, video_intervals
 
 
-def _locate(is_kind: torch.Tensor, grids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each token of one modality, in stream order: its item and its offset inside the item."""
+def _locate(
+    rank: torch.Tensor, grids: torch.Tensor, intervals: torch.Tensor, kind: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Given each visual token's rank among the tokens of one modality, its item's grid, interval
+    and its offset inside the item (meaningful where the token is of that modality)."""
     counts = grids.prod(dim=1)
     ends = torch.cumsum(counts, 0)
-    rank = torch.cumsum(is_kind.long(), 0)[is_kind] - 1
-    total = int(ends[-1]) if len(ends) else 0
-    if len(rank) != total:
+    found, total = int(rank.max()) + 1 if len(rank) else 0, int(ends[-1]) if len(ends) else 0
+    if found != total:
         raise TightpackError(
-            f"{len(rank)} {kind} tokens for {len(grids)} {kind}s of {total} tokens in all "
-            f"(per {kind}: {counts.tolist()}); expand the placeholders (expand_placeholders) with the "
-            f"same grid_thw"
+            f"{found} {kind} tokens for {len(grids)} {kind}s of {total} tokens in all "
+            f"(per {kind}: {counts.tolist()}); expand the placeholders with the same grid_thw"
         )
-    item = torch.searchsorted(ends, rank, right=True)
-    return item, rank - (ends[item] - counts[item])
+    if not len(grids):  # no item of this modality: any row serves, as no token uses it
+        grids, intervals = grids.new_ones(1, 3), intervals.new_ones(1)
+        counts, ends = counts.new_ones(1), counts.new_ones(1)
+    item = torch.searchsorted(ends, rank.clamp(0, len(rank)), right=True).clamp(max=len(grids) - 1)
+    return grids[item], intervals[item], rank - (ends[item] - counts[item])
 
 
 def qwen_vl_positions(
@@ -171,32 +181,32 @@ def qwen_vl_positions(
     images, image_intervals, videos, video_intervals = _items(
         rope, image_grid_thw, video_grid_thw, second_per_grid_ts
     )
-    is_image = ids == rope.image_token_id
-    is_video = ids == rope.video_token_id if rope.video_token_id is not None else torch.zeros_like(is_image)
     if len(videos) and rope.video_token_id is None:
         raise TightpackError("video_grid_thw given but QwenVLRope.video_token_id is None")
-    image_item, image_offset = _locate(is_image, images, "image")
-    video_item, video_offset = _locate(is_video, videos, "video")
+    kind = (ids == rope.image_token_id).to(torch.int8)  # 0 text, 1 image, 2 video
+    if rope.video_token_id is not None:
+        kind += 2 * (ids == rope.video_token_id).to(torch.int8)
+    where = torch.nonzero(kind).reshape(-1)  # the visual tokens, in stream order
+    visual_kind = kind[where]
+    is_image = visual_kind == 1
+    image_rank = torch.cumsum(is_image, 0) - 1
+    video_rank = torch.arange(len(where)) - 1 - image_rank
+    image_grid, image_interval, image_offset = _locate(
+        torch.where(is_image, image_rank, -1), images, image_intervals, "image"
+    )
+    video_grid, video_interval, video_offset = _locate(
+        torch.where(is_image, -1, video_rank), videos, video_intervals, "video"
+    )
+    grid = torch.where(is_image[:, None], image_grid, video_grid)
+    interval = torch.where(is_image, image_interval, video_interval)
+    offset = torch.where(is_image, image_offset, video_offset)
 
-    visual = is_image | is_video
-    # per visual token: its block's merged grid, temporal interval and the token's offset in the block
-    grid = torch.empty(int(visual.sum()), 3, dtype=torch.long)
-    interval = torch.empty(len(grid), dtype=torch.float32)
-    offset = torch.empty(len(grid), dtype=torch.long)
-    for rows, item, item_offset, grids, intervals in (
-        (is_image[visual], image_item, image_offset, images, image_intervals),
-        (is_video[visual], video_item, video_offset, videos, video_intervals),
-    ):
-        grid[rows], interval[rows], offset[rows] = grids[item], intervals[item], item_offset
-
-    where = torch.nonzero(visual).reshape(-1)
-    kind = is_video.long() - is_image.long()  # -1 image, 0 text, 1 video
-    continued = where[(offset > 0)]
-    broken = continued[(continued == 0) | (kind[(continued - 1).clamp(min=0)] != kind[continued])]
-    if len(broken):
+    previous = kind[(where - 1).clamp(min=0)]
+    broken = (offset > 0) & ((where == 0) | (previous != visual_kind))
+    if bool(broken.any()):
         raise TightpackError(
-            f"a visual block is interrupted at token {int(broken[0])}: the tokens of one image or video "
-            "must be contiguous"
+            f"a visual block is interrupted at token {int(where[broken][0])}: the tokens of one image or "
+            "video must be contiguous"
         )
 
     t, h, w = grid.unbind(1)
@@ -222,7 +232,5 @@ def qwen_vl_positions(
         before -= torch.repeat_interleave(before[starts], lengths)
     positions = before.expand(3, -1).clone()
     block_start = before[where - offset]
-    positions[0, where] = block_start + temporal
-    positions[1, where] = block_start + height
-    positions[2, where] = block_start + width
+    positions[:, where] = block_start + torch.stack([temporal, height, width])
     return positions
