@@ -1,0 +1,175 @@
+"""Patch grids of images and videos from their sizes alone, as the Qwen-VL processors compute them.
+
+A processor resizes a picture so both sides are multiples of ``factor = patch_size * merge_size``
+and its pixels lie within ``[min_pixels, max_pixels]``, keeping the aspect ratio as closely as it
+can (`fitted_size`); the grid is then ``(t, height / patch_size, width / patch_size)``. Videos have
+``t = ceil(frames / temporal_patch_size)`` (the last frame repeated to fill the last temporal patch).
+Qwen2-VL and Qwen2.5-VL bound each frame's pixels; Qwen3-VL bounds the whole video's
+(``frames * height * width``). These are the rules of the installed transformers processors with
+their defaults (no per-frame cap on the total video budget); tests compare them with the processors.
+
+Only sizes are needed, so packing reads image headers, never pixels. Pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tightpack.errors import TightpackError, check_choice
+
+__all__ = ["VisionSizes", "fitted_size"]
+
+# Defaults per family: the installed transformers processor classes' (Qwen2VLImageProcessor,
+# Qwen2VLVideoProcessor, Qwen3VLVideoProcessor); Qwen3-VL images use Qwen2VLImageProcessor with the
+# settings of the published checkpoints' preprocessor_config.json (16-pixel patches, 256^2 to 4096^2).
+_QWEN2 = {"patch_size": 14, "image_min_pixels": 56 * 56, "image_max_pixels": 28 * 28 * 1280,
+          "video_min_pixels": 128 * 28 * 28, "video_max_pixels": 28 * 28 * 768}  # fmt: skip
+_DEFAULTS = {
+    "qwen2_vl": _QWEN2,
+    "qwen2_5_vl": _QWEN2,
+    "qwen3_vl": {
+        "patch_size": 16,
+        "image_min_pixels": 256 * 256,
+        "image_max_pixels": 4096 * 4096,
+        "video_min_pixels": 128 * 32 * 32,
+        "video_max_pixels": 768 * 32 * 32,
+    },
+}
+
+
+def fitted_size(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int, frames: int = 1, temporal: int = 1
+) -> tuple[int, int]:
+    """``(height, width)`` a Qwen-VL processor resizes to: multiples of ``factor``, with
+    ``frames * height * width`` within ``[min_pixels, max_pixels]`` (``frames = 1``: per picture).
+
+    >>> fitted_size(500, 375, 28, 56 * 56, 28 * 28 * 1280)
+    (504, 364)
+    """
+    if min(height, width) < 1:
+        raise TightpackError(f"an image of {height} x {width} pixels has no pixels")
+    if max(height, width) / min(height, width) > 200:
+        raise TightpackError(f"the aspect ratio of {height} x {width} is over 200, which Qwen-VL refuses")
+    fitted_h, fitted_w = round(height / factor) * factor, round(width / factor) * factor
+    stacked = round(frames / temporal) * temporal if temporal > 1 else frames
+    if stacked * fitted_h * fitted_w > max_pixels:
+        beta = math.sqrt(frames * height * width / max_pixels)
+        fitted_h = max(factor, math.floor(height / beta / factor) * factor)
+        fitted_w = max(factor, math.floor(width / beta / factor) * factor)
+    elif stacked * fitted_h * fitted_w < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
+        fitted_h = math.ceil(height * beta / factor) * factor
+        fitted_w = math.ceil(width * beta / factor) * factor
+    return fitted_h, fitted_w
+
+
+@dataclass(frozen=True)
+class VisionSizes:
+    """A Qwen-VL processor's sizing settings (``preprocessor_config.json``, and
+    ``video_preprocessor_config.json`` for videos).
+
+    >>> sizes = VisionSizes("qwen2_vl")
+    >>> sizes.image_grid(500, 375), sizes.video_grid(5, 336, 448)
+    ((1, 36, 26), (3, 24, 32))
+    """
+
+    model: str
+    patch_size: int | None = None
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    image_min_pixels: int | None = None
+    image_max_pixels: int | None = None
+    video_min_pixels: int | None = None
+    video_max_pixels: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("vision model", self.model, tuple(_DEFAULTS))
+        for name, value in _DEFAULTS[self.model].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, model: str | None = None) -> VisionSizes:
+        """The settings saved with a model's processor: ``preprocessor_config.json`` (images) and
+        ``video_preprocessor_config.json`` (videos, when present); the family from ``config.json``'s
+        ``model_type`` unless ``model`` names it.
+
+        Raises:
+            TightpackError: when the folder has no ``preprocessor_config.json``, or no family is known.
+        """
+        folder = Path(folder)
+        image_file = folder / "preprocessor_config.json"
+        if not image_file.is_file():
+            raise TightpackError(
+                f"{folder} has no preprocessor_config.json; pass the folder of the model's processor "
+                "(processor.save_pretrained(folder) writes it)"
+            )
+        if model is None:
+            config_file = folder / "config.json"
+            model_type = (
+                json.loads(config_file.read_text()).get("model_type") if config_file.is_file() else None
+            )
+            model = {"qwen3_vl_moe": "qwen3_vl"}.get(model_type, model_type)
+            if model not in _DEFAULTS:
+                raise TightpackError(
+                    f"cannot tell the model family of {folder} (config.json model_type {model_type!r}); "
+                    "name it with --vision qwen2_vl|qwen2_5_vl|qwen3_vl"
+                )
+        sizes = cls(model)
+        image = json.loads(image_file.read_text())
+        low, high = _pixel_bounds(image, sizes.image_min_pixels, sizes.image_max_pixels)
+        sizes = replace(
+            sizes,
+            patch_size=image.get("patch_size", sizes.patch_size),
+            merge_size=image.get("merge_size", sizes.merge_size),
+            temporal_patch_size=image.get("temporal_patch_size", sizes.temporal_patch_size),
+            image_min_pixels=low,
+            image_max_pixels=high,
+        )
+        video_file = folder / "video_preprocessor_config.json"
+        if video_file.is_file():
+            video = json.loads(video_file.read_text())
+            low, high = _pixel_bounds(video, sizes.video_min_pixels, sizes.video_max_pixels)
+            sizes = replace(sizes, video_min_pixels=low, video_max_pixels=high)
+        return sizes
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    def image_grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(1, h, w)`` patches of a ``height x width`` picture."""
+        h, w = fitted_size(height, width, self.factor, self.image_min_pixels, self.image_max_pixels)
+        return 1, h // self.patch_size, w // self.patch_size
+
+    def video_grid(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """``(t, h, w)`` patches of ``frames`` frames of ``height x width``."""
+        if frames < 1:
+            raise TightpackError("a video needs at least one frame")
+        if self.model == "qwen3_vl":
+            if frames < self.temporal_patch_size:
+                raise TightpackError(
+                    f"Qwen3-VL needs at least {self.temporal_patch_size} frames per video, got {frames}"
+                )
+            if min(height, width) < self.factor:  # small frames are first scaled up to the factor
+                scale = max(self.factor / height, self.factor / width)
+                height, width = int(height * scale), int(width * scale)
+            h, w = fitted_size(
+                height, width, self.factor, self.video_min_pixels, self.video_max_pixels,
+                frames=frames, temporal=self.temporal_patch_size,
+            )  # fmt: skip
+        else:
+            h, w = fitted_size(height, width, self.factor, self.video_min_pixels, self.video_max_pixels)
+        return -(-frames // self.temporal_patch_size), h // self.patch_size, w // self.patch_size
+
+
+def _pixel_bounds(config: dict, low: int, high: int) -> tuple[int, int]:
+    """``(min_pixels, max_pixels)`` of a processor config: ``size`` (``shortest_edge`` and
+    ``longest_edge`` hold pixel counts in Qwen-VL processors), else ``min_pixels`` / ``max_pixels``."""
+    size = config.get("size") or {}
+    low = size.get("shortest_edge", config.get("min_pixels", low))
+    high = size.get("longest_edge", config.get("max_pixels", high))
+    return int(low), int(high)
