@@ -97,11 +97,13 @@ def patch_size(kind: str) -> int:
 
 def image_processor(kind: str, **kwargs):
     """The real image processor of the family, from its defaults (Qwen3-VL: 16-pixel patches, mean and
-    std 0.5, as its published preprocessor config); ``kwargs`` override."""
+    std 0.5, 256^2 to 4096^2 pixels, as its published preprocessor config); ``kwargs`` override."""
     from transformers import Qwen2VLImageProcessorPil
 
     if kind == "qwen3_vl":
-        kwargs = {"patch_size": 16, "image_mean": [0.5] * 3, "image_std": [0.5] * 3} | kwargs
+        qwen3 = {"patch_size": 16, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+                 "size": {"shortest_edge": 256 * 256, "longest_edge": 4096 * 4096}}  # fmt: skip
+        kwargs = qwen3 | kwargs
     return Qwen2VLImageProcessorPil(**kwargs)
 
 

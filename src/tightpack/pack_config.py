@@ -131,6 +131,11 @@ class PackConfig:
         if self.row_group_size is not None and self.row_group_size < 1:
             raise TightpackError(f"row_group_size must be at least 1, got {self.row_group_size}")
         check_choice("--output-format", self.output_format, get_args(OutputFormat))
+        if self.format.vision is not None and (self.engine != "local" or self.output_format != "parquet"):
+            raise TightpackError(
+                "vision packing (--vision-processor) writes packed Parquet with the local engine; drop "
+                "--engine ray and --output-format npy"
+            )
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
 
     def settings(self) -> dict[str, Any]:

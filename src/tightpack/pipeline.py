@@ -56,6 +56,7 @@ from tightpack.pack_output import build_manifest, write_packs
 from tightpack.prepare.sources import open_sources
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
+from tightpack.prepare.vision_tokens import VisionTokenIds
 from tightpack.sample_accounting import account_samples
 
 __all__ = ["MANIFEST_NAME", "METADATA_NAME", "PackConfig", "PackResult", "Progress", "pack_dataset"]
@@ -146,6 +147,8 @@ def _pack(
     notes: list[str] = []
     with _stage("load", None, _NoProgress(), times):
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
+        if config.format.vision is not None:
+            VisionTokenIds(config.format.vision, spec.backend)  # raises when the tokenizer lacks them
         sources = open_sources(inputs, split=split)
 
     staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
@@ -245,6 +248,8 @@ def _balance(plan: PackPlan, lengths: np.ndarray, config: PackConfig) -> tuple[P
 def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
     """Fingerprint of what decides the token store; None when an input has no content fingerprint."""
     identities = [source.identity for source in sources]
+    if config.format.vision is not None:  # the media files are not fingerprinted: tokenize anew
+        return None
     if not all("sha256" in identity or "fingerprint" in identity for identity in identities):
         return None
     decisive = [

@@ -1,6 +1,7 @@
 """Which tokenized samples a packing run keeps, and the counts of the manifest (`account_samples`).
 
-The long-sample policy (truncate, drop, error), the no-supervision rule (a sample with no supervised
+The long-sample policy (truncate, drop, error; samples with images or videos are dropped, never
+truncated), the no-supervision rule (a sample with no supervised
 token left is excluded), the overlay store of truncated samples, and every count and excluded source
 row the manifest reports. `tightpack.pipeline` calls it between tokenizing and planning.
 """
@@ -46,6 +47,8 @@ def account_samples(store: TokenStore | PartedStore, config: PackConfig, report,
             "truncate|drop or a larger --pack-size/--max-seq-length"
         )
     dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
+    if config.long_samples == "truncate" and config.format.vision is not None:
+        dropped_long |= long & store.has_media()  # a cut could split an image's tokens: never cut those
     truncated = long & ~dropped_long
     del long
     tokens_in = int(real.sum())

@@ -13,6 +13,9 @@ seq_start_id    list<int32>    start offset of every sequence in the row (first 
 sample_index    list<int64>    source row of every sequence (provenance, ours)
 seq_len         list<int32>    real runtime length of every sequence, before alignment
                                padding (ours; the reference infers it by stripping EOS)
+media           list<string>   vision packs only: per sequence, the JSON array of its images
+                               and videos (files, patch grids, frame rates), read by
+                               `tightpack.runtime.vision_packs` (ours)
 ============== ============== ==========================================================
 
 Each sequence is stored as ``aligned + 1`` tokens: alignment padding (the pad id, loss 0) when the
@@ -72,6 +75,7 @@ class PackedRows:
     seq_offsets: np.ndarray
     sample_index: np.ndarray
     seq_len: np.ndarray
+    media: list[str] | None = None  # per sequence (vision stores only)
 
     def to_table(self) -> pa.Table:
         def lists(offsets: np.ndarray, values: np.ndarray) -> pa.ListArray:
@@ -84,6 +88,9 @@ class PackedRows:
             "sample_index": lists(self.seq_offsets, self.sample_index.astype(np.int64)),
             "seq_len": lists(self.seq_offsets, self.seq_len.astype(np.int32)),
         }
+        if self.media is not None:
+            strings = pa.array(self.media, type=pa.string())
+            columns["media"] = pa.ListArray.from_arrays(_arrow(self.seq_offsets.astype(np.int32)), strings)
         return pa.Table.from_arrays(list(columns.values()), names=list(columns))
 
 
@@ -198,6 +205,7 @@ def gather_packs(
         seq_offsets=seq_offsets,
         sample_index=store.source_rows(samples),
         seq_len=real - 1,
+        media=store.media_json(samples) if getattr(store, "media_offsets", None) is not None else None,
     )
 
 

@@ -11,6 +11,9 @@ Layout of a store folder (all little-endian, native numpy ``.bin`` files):
   ``segment_kinds.bin`` int8, ``segment_units.bin`` int32 ``[num_segments]``: the parts of every sample
   that truncation treats differently (`tightpack.core.truncation`): sample ``i`` has the segments
   ``segment_offsets[i]:segment_offsets[i+1]``, each starting at a token relative to the sample;
+- ``media.jsonl`` and ``media_offsets.bin`` int64 ``[num_samples + 1]`` (vision stores only): one
+  line per sample, the JSON array of its images and videos (``[]`` for none); sample ``i`` is the
+  bytes ``media_offsets[i]:media_offsets[i+1]`` (`tightpack.prepare.vision_rows.media_json`);
 - ``store.json``     counts and a format version.
 
 Samples are appended chunk by chunk; memory never holds more than one chunk of tokens. Readers map
@@ -53,6 +56,9 @@ class TokenStoreWriter:
         self._lengths: list[np.ndarray] = []
         self._sources: list[np.ndarray] = []
         self._segments: list[Segments] = []
+        self._media = None  # media.jsonl, opened by the first sample with media
+        self._media_bytes: list[np.ndarray] = []
+        self._samples = 0
 
     def append(
         self,
@@ -61,15 +67,17 @@ class TokenStoreWriter:
         lengths: np.ndarray,
         source_index: np.ndarray,
         segments: Segments | None = None,
+        media: list[str] | None = None,
     ) -> None:
         """Append samples: their concatenated ``tokens`` and ``loss_mask``, per-sample ``lengths`` and
-        source rows, and their `Segments` (None: samples without structure). ``lengths`` must sum to
-        ``len(tokens)``."""
+        source rows, their `Segments` (None: samples without structure) and the JSON of their media
+        (None: none). ``lengths`` must sum to ``len(tokens)``."""
         if (
             int(np.sum(lengths)) != len(tokens)
             or len(tokens) != len(loss_mask)
             or len(lengths) != len(source_index)
             or (segments is not None and len(segments.counts) != len(lengths))
+            or (media is not None and len(media) != len(lengths))
         ):
             raise ValueError(
                 "token store append: tokens, loss_mask, lengths, source_index, segments disagree"
@@ -79,6 +87,17 @@ class TokenStoreWriter:
         self._lengths.append(np.asarray(lengths, dtype=np.int64))
         self._sources.append(np.asarray(source_index, dtype=np.int64))
         self._segments.append(segments if segments is not None else Segments.none(len(lengths)))
+        if media is not None and self._media is None:
+            self._media = open(self.directory / "media.jsonl", "wb")  # closed in close()
+            self._write_media(["[]"] * self._samples)
+        if self._media is not None:
+            self._write_media(media if media is not None else ["[]"] * len(lengths))
+        self._samples += len(lengths)
+
+    def _write_media(self, lines: list[str]) -> None:
+        encoded = [line.encode() + b"\n" for line in lines]
+        self._media.write(b"".join(encoded))
+        self._media_bytes.append(np.fromiter(map(len, encoded), np.int64, len(encoded)))
 
     def close(self) -> TokenStore:
         """Finish the files and open the store for reading."""
@@ -103,6 +122,12 @@ class TokenStoreWriter:
             "num_tokens": int(offsets[-1]),
             "num_segments": len(segments.starts),
         }
+        if self._media is not None:
+            self._media.close()
+            media_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(np.concatenate(self._media_bytes), out=media_offsets[1:])
+            media_offsets.tofile(self.directory / "media_offsets.bin")
+            meta["media"] = True
         (self.directory / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
         return TokenStore.open(self.directory)
 
@@ -148,6 +173,7 @@ class TokenStore:
     offsets: np.ndarray
     source_index: np.ndarray
     segments: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    media_offsets: np.ndarray | None = None
 
     @classmethod
     def open(cls, directory: str | Path) -> TokenStore:
@@ -171,6 +197,11 @@ class TokenStore:
                 np.fromfile(directory / "segment_kinds.bin", dtype=np.int8, count=segments),
                 np.fromfile(directory / "segment_units.bin", dtype=np.int32, count=segments),
             ),
+            media_offsets=(
+                np.fromfile(directory / "media_offsets.bin", dtype=np.int64, count=n + 1)
+                if meta.get("media")
+                else None
+            ),
         )
 
     @staticmethod
@@ -189,6 +220,20 @@ class TokenStore:
     def source_rows(self, samples: np.ndarray) -> np.ndarray:
         """Source rows of ``samples``, int64."""
         return self.source_index[samples]
+
+    def has_media(self) -> np.ndarray:
+        """Whether each sample has images or videos, bool ``[num_samples]`` (all False without media)."""
+        if self.media_offsets is None:
+            return np.zeros(len(self), dtype=bool)
+        return np.diff(self.media_offsets) > len(b"[]\n")
+
+    def media_json(self, samples: np.ndarray) -> list[str]:
+        """The media JSON of ``samples`` (``"[]"`` for none), read from ``media.jsonl``."""
+        if self.media_offsets is None:
+            return ["[]"] * len(samples)
+        data = np.memmap(self.directory / "media.jsonl", dtype=np.uint8, mode="r")
+        starts, ends = self.media_offsets[samples], self.media_offsets[np.asarray(samples) + 1] - 1
+        return [bytes(data[a:b]).decode() for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
     def label_supervised(self) -> np.ndarray:
         """Label-aligned supervised tokens of every sample: ``sum(mask[1:n])`` (token 0 is never a

@@ -34,6 +34,7 @@ last message is: that is how the model learns to stop.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import string
@@ -43,6 +44,7 @@ from typing import Any, Literal, get_args
 from tightpack.core.truncation import ANSWER, KEEP, PROMPT, TruncationMethod
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.chat_content import CHAT_ROLES, ContentError, builtin_message_text, normalize_messages
+from tightpack.prepare.vision_rows import MediaError, MediaItem, VisionSpec, vision_row
 
 __all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row"]
 
@@ -76,6 +78,8 @@ class FormatConfig:
             ``left`` its start; also how chat user text is trimmed.
         chat_truncation: ``oldest-turns`` keeps the system turn and the last round, dropping the
             oldest rounds whole, then trims user text; ``end`` cuts the conversation at its end.
+        vision: image and video parts of chat rows become vision tokens
+            (`tightpack.prepare.vision_rows`); None refuses them (text-only packing).
 
     How these are applied is `tightpack.core.truncation`; here they only mark the text.
     """
@@ -90,6 +94,7 @@ class FormatConfig:
     truncate_fields: tuple[str, ...] | None = None
     truncation_method: TruncationMethod = "right"
     chat_truncation: ChatTruncation = "oldest-turns"
+    vision: VisionSpec | None = None
 
     def __post_init__(self) -> None:
         check_choice("--format", self.format, get_args(Format))
@@ -133,6 +138,7 @@ class Rendered:
             (`tightpack.core.truncation`); the first starts at 0, the last at ``len(text)`` (what the
             tokenizer appends after the text, and the EOS). Empty: no structure.
         cut: whether a field longer than the text budget lost its middle before tokenizing.
+        media: the images and videos of the sample, in the order of their placeholders in the text.
     """
 
     text: str
@@ -141,6 +147,7 @@ class Rendered:
     eos_supervised: bool
     segments: tuple[tuple[int, int, int], ...] = ()
     cut: bool = False
+    media: tuple[MediaItem, ...] = ()
 
 
 def render_row(
@@ -168,6 +175,14 @@ def render_row(
     kind = config.format
     if kind == "auto":
         kind = "chat" if config.messages_key in row else "prompt-completion"
+    if kind == "chat" and config.vision is not None:
+        try:
+            row, media = vision_row(row, config.vision, config.messages_key)
+        except MediaError as error:
+            raise RowError(str(error)) from None
+        if media:  # never cut: a cut could take placeholders with it
+            rendered = _render_chat(row, config, chat_template, special_tokens, None)
+            return dataclasses.replace(rendered, media=media)
     if kind == "chat":
         return _render_chat(row, config, chat_template, special_tokens, text_budget)
     return _render_prompt_completion(row, config, text_budget)

@@ -35,6 +35,7 @@ from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_r
 from tightpack.prepare.pretokenized import pretokenized_arrays
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenizer import TokenizerSpec
+from tightpack.prepare.vision_tokens import VisionTokenIds, expand_vision_tokens
 
 __all__ = [
     "BadRow",
@@ -76,6 +77,7 @@ class ChunkResult:
     rows: int = 0
     segments: Segments | None = None
     texts_cut: int = 0  # samples whose text lost its middle to the text budget
+    media: list[str] | None = None  # per sample, its images and videos (vision packing)
 
 
 @dataclass
@@ -106,6 +108,14 @@ class _Worker:
     """Per-process state of a tokenization worker."""
 
     encoder: Encoder | None = None
+    vision: tuple[Encoder, VisionTokenIds] | None = None
+
+
+def vision_ids(encoder: Encoder) -> VisionTokenIds:
+    """The vision token ids of the encoder's tokenizer, built once per process."""
+    if _Worker.vision is None or _Worker.vision[0] is not encoder:
+        _Worker.vision = (encoder, VisionTokenIds(encoder.config.vision, encoder.spec.backend))
+    return _Worker.vision[1]
 
 
 def _init_worker(encoder: Encoder, single_threaded: bool) -> None:
@@ -353,8 +363,13 @@ def _assemble(
         units=np.array([unit for _, sample in rendered for _, _, unit in sample.segments], dtype=np.int32),
     )
     cut = sum(sample.cut for _, sample in rendered)
+    media = None
+    if encoder.config.vision is not None:
+        tokens, loss_mask, stored, segments, media = expand_vision_tokens(
+            tokens, loss_mask, stored, segments, [sample.media for _, sample in rendered], vision_ids(encoder)
+        )
     return ChunkResult(
-        tokens, loss_mask, stored, source_index, bad_rows, rows=len(chunk), segments=segments, texts_cut=cut
+        tokens, loss_mask, stored, source_index, bad_rows, len(chunk), segments, texts_cut=cut, media=media
     )
 
 
@@ -444,7 +459,14 @@ def tokenize_to_store(
         nonlocal rows_read, texts_cut
         if result.bad_rows and not skip_bad_rows:
             raise TightpackError(bad_row_error(result.bad_rows[0]))
-        writer.append(result.tokens, result.loss_mask, result.lengths, result.source_index, result.segments)
+        writer.append(
+            result.tokens,
+            result.loss_mask,
+            result.lengths,
+            result.source_index,
+            result.segments,
+            result.media,
+        )
         bad_rows.extend(result.bad_rows)
         rows_read += result.rows
         texts_cut += result.texts_cut

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from tightpack.runtime.mrope import QwenVLRope, qwen_vl_positions
 
 __all__ = [
     "VISUAL_KEYS",
+    "add_vision",
     "expand_placeholders",
     "moe_padding_mask",
     "pack_vlm_samples",
@@ -192,28 +194,48 @@ def pack_vlm_samples(
         pad_to_multiple_of=pad_to_multiple_of,
         pad_to_max_length=pad_to_max_length,
     )
-    videos = [len(_grid_rows(sample.get("video_grid_thw"))) for sample in samples]
-    if any(sample.get("second_per_grid_ts") is not None for sample in samples):
+    return add_vision(batch, samples, rope)
+
+
+def add_vision(
+    batch: dict[str, Any], visuals: Sequence[Mapping[str, Any]], rope: QwenVLRope
+) -> dict[str, Any]:
+    """Add the visual tensors of the members (``visuals``, one mapping per sequence, in order) and
+    the multimodal positions of a packed THD row, in place; returns ``batch``.
+
+    The positions come from the row's own tokens: each sequence's real tokens (logical lengths, at
+    the physical starts), so this serves any builder of THD rows (`pack_samples`, the offline packs'
+    `tightpack.runtime.collate.PackedCollate`).
+    """
+    for key in VISUAL_KEYS:
+        present = [visual[key] for visual in visuals if visual.get(key) is not None]
+        if present:
+            batch[key] = torch.cat(present, dim=0)
+    videos = [len(_grid_rows(visual.get("video_grid_thw"))) for visual in visuals]
+    if any(visual.get("second_per_grid_ts") is not None for visual in visuals):
         batch["second_per_grid_ts"] = torch.cat(
             [
-                torch.as_tensor(sample["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
-                if sample.get("second_per_grid_ts") is not None
+                torch.as_tensor(visual["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
+                if visual.get("second_per_grid_ts") is not None
                 else torch.ones(count)
-                for sample, count in zip(samples, videos, strict=True)
+                for visual, count in zip(visuals, videos, strict=True)
             ]
         )
-    lengths = torch.tensor([len(sample["input_ids"]) for sample in samples])
+    tokens = thd.token_tensor(batch).reshape(-1)
+    lengths = thd.logical_boundaries(batch).reshape(-1).long().diff()
+    starts = thd.physical_boundaries(batch).reshape(-1).long()[:-1]
+    if len(lengths) != len(visuals):
+        raise ValueError(f"{len(visuals)} visual entries for a row of {len(lengths)} sequences")
+    real = torch.repeat_interleave(starts, lengths) + _ranks(lengths)
     positions = qwen_vl_positions(
-        torch.cat([torch.as_tensor(sample["input_ids"]).reshape(-1) for sample in samples]),
+        tokens[real],
         rope,
         image_grid_thw=batch.get("image_grid_thw"),
         video_grid_thw=batch.get("video_grid_thw"),
         second_per_grid_ts=batch.get("second_per_grid_ts"),
         lengths=lengths,
     )
-    starts = thd.physical_boundaries(batch).long()[:-1]
-    real = torch.repeat_interleave(starts, lengths) + _ranks(lengths)
-    mrope = torch.zeros(3, 1, batch["total_tokens"], dtype=torch.long)
+    mrope = torch.zeros(3, 1, len(tokens), dtype=torch.long)
     mrope[:, 0, real] = positions
     batch["mrope_position_ids"] = mrope
     thd.check_thd_batch(batch)
