@@ -68,9 +68,7 @@ def media_loader(kind: str, root: Path):
         pictures = [Image.open(root / path).convert("RGB") for path in item.paths]
         if item.kind == "image":
             return dict(image_processor(kind)(images=pictures, return_tensors="pt"))
-        visual = video_inputs(
-            kind, torch.stack([torch.from_numpy(__import__("numpy").asarray(p)) for p in pictures]).numpy()
-        )
+        visual = video_inputs(kind, np.stack([np.asarray(picture) for picture in pictures]))
         if kind == "qwen2_5_vl":
             visual["second_per_grid_ts"] = torch.tensor([item.second_per_grid(2)])
         return visual
@@ -139,7 +137,7 @@ def test_loader_batch_equals_the_collate_time_batch(corpus, tmp_path, kind, mult
 
 def test_loader_batches_train_a_model(corpus, tmp_path):
     """The loader's batch goes through the packed Qwen-VL forward as is."""
-    root, rows, spec = corpus
+    root, _, spec = corpus
     vision = vision_spec("qwen2_vl", root)
     config = PackConfig(packed_sequence_size=PACK_SIZE, format=FormatConfig(vision=vision))
     pack_dataset(root / "rows.jsonl", tmp_path / "packs", config, tokenizer=spec)
@@ -169,7 +167,7 @@ def test_media_problems_are_bad_rows(corpus, tmp_path):
     config = PackConfig(
         packed_sequence_size=PACK_SIZE, format=FormatConfig(vision=vision_spec("qwen2_vl", root))
     )
-    with pytest.raises(TightpackError, match="missing.png does not exist"):
+    with pytest.raises(TightpackError, match=r"missing\.png does not exist"):
         pack_dataset(bad, tmp_path / "packs", config, tokenizer=spec)
     with pytest.raises(TightpackError, match="the tokenizer has no token"):
         pack_dataset(bad, tmp_path / "packs", config, tokenizer=load_tokenizer())

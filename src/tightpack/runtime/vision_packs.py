@@ -13,6 +13,7 @@ settings changed since: the tokens no longer fit the pixels, and the pack must b
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,7 @@ class VisionSFTCollator:
             raise TightpackError(f"{bad.location}: {bad.reason}")
         bounds = np.concatenate(([0], np.cumsum(result.lengths)))
         samples = []
-        for (start, stop), media in zip(zip(bounds[:-1], bounds[1:], strict=True), result.media, strict=True):
+        for (start, stop), media in zip(itertools.pairwise(bounds), result.media, strict=True):
             ids, mask = result.tokens[start:stop], result.loss_mask[start:stop]
             labels, loss_mask = shift_labels(ids, mask, self.ignore_index)
             sample = {
