@@ -171,3 +171,32 @@ def test_media_problems_are_bad_rows(corpus, tmp_path):
         pack_dataset(bad, tmp_path / "packs", config, tokenizer=spec)
     with pytest.raises(TightpackError, match="the tokenizer has no token"):
         pack_dataset(bad, tmp_path / "packs", config, tokenizer=load_tokenizer())
+
+
+def test_the_command_line_packs_vision_rows(corpus, tmp_path):
+    """``tightpack pack --vision-processor``: the processor folder gives the sizes, media paths start at
+    the input's folder; a user error exits 2 with one line."""
+    import subprocess
+    import sys
+
+    from transformers import Qwen2VLImageProcessorPil
+
+    root, rows, _ = corpus
+    processor = tmp_path / "processor"
+    Qwen2VLImageProcessorPil().save_pretrained(processor)
+    (processor / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (processor / "video_preprocessor_config.json").write_text(json.dumps({"size": VIDEO_SIZE}))
+    command = [sys.executable, "-m", "tightpack.cli", "pack", str(root / "rows.jsonl"), "--output", str(tmp_path / "out"),
+               "--pack-size", str(PACK_SIZE), "--tokenizer", str(root / "tokenizer.json"),
+               "--vision-processor", str(processor)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    vision = manifest["settings"]["format"]["vision"]
+    assert vision["sizes"]["model"] == "qwen2_5_vl" and vision["media_root"] == str(root.resolve())
+    assert manifest["counts"]["packed"] == len(rows)
+    missing = subprocess.run(
+        [*command[:-1], str(tmp_path / "nowhere"), "--overwrite"], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "no preprocessor_config.json" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1

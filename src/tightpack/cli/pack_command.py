@@ -29,6 +29,8 @@ from tightpack.cli.app import (
 )
 from tightpack.errors import TightpackError
 from tightpack.prepare import formats
+from tightpack.prepare.vision_rows import VisionSpec
+from tightpack.prepare.vision_sizes import VisionSizes
 
 
 def _default_workers() -> int:
@@ -171,6 +173,24 @@ def pack(
         bool,
         typer.Option("--demo", help="Pack the embedded demo corpus (needed with --output and no input)."),
     ] = False,
+    vision_processor: Annotated[
+        Path | None,
+        typer.Option(
+            help="Qwen-VL packing: the model's processor folder (preprocessor_config.json); chat rows may "
+            "then hold image and video parts (docs/vision.md).",
+        ),
+    ] = None,
+    vision: Annotated[
+        str | None,
+        typer.Option(
+            help="Model family of --vision-processor (qwen2_vl, qwen2_5_vl, qwen3_vl) when its "
+            "config.json does not say."
+        ),
+    ] = None,
+    media_root: Annotated[
+        Path | None,
+        typer.Option(help="Folder that relative media paths start from (default: the first input's folder)."),
+    ] = None,
 ) -> None:
     """Tokenize samples and pack them into Megatron-Bridge-readable packed Parquet."""
     if inputs and demo:
@@ -216,6 +236,7 @@ def pack(
             truncate_fields=_fields(truncate_field),
             truncation_method=truncation_method.value,
             chat_truncation=chat_truncation.value,
+            vision=_vision(vision_processor, vision, media_root, inputs),
         ),
     )
     columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -343,3 +364,15 @@ def _print_summary(result) -> None:
         stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False, soft_wrap=True)
     if len(result.bad_rows) > 5:
         stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")
+
+
+def _vision(processor: Path | None, model: str | None, media_root: Path | None, inputs) -> VisionSpec | None:
+    """The vision settings of ``--vision-processor`` (None: text-only packing)."""
+    if processor is None:
+        if model is not None or media_root is not None:
+            raise TightpackError(
+                "--vision and --media-root need --vision-processor (the model's processor folder)"
+            )
+        return None
+    root = media_root if media_root is not None else (inputs[0].parent if inputs else Path("."))
+    return VisionSpec(VisionSizes.from_folder(processor, model), media_root=str(root.resolve()))
