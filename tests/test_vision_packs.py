@@ -186,9 +186,9 @@ def test_the_command_line_packs_vision_rows(corpus, tmp_path):
     Qwen2VLImageProcessorPil().save_pretrained(processor)
     (processor / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
     (processor / "video_preprocessor_config.json").write_text(json.dumps({"size": VIDEO_SIZE}))
-    command = [sys.executable, "-m", "tightpack.cli", "pack", str(root / "rows.jsonl"), "--output", str(tmp_path / "out"),
-               "--pack-size", str(PACK_SIZE), "--tokenizer", str(root / "tokenizer.json"),
-               "--vision-processor", str(processor)]  # fmt: skip
+    command = [sys.executable, "-m", "tightpack.cli", "pack", str(root / "rows.jsonl")]
+    command += ["--output", str(tmp_path / "out"), "--pack-size", str(PACK_SIZE)]
+    command += ["--tokenizer", str(root / "tokenizer.json"), "--vision-processor", str(processor)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
