@@ -89,6 +89,20 @@ def test_positions_equal_transformers_on_any_layout(models, kind, blocks, texts,
     assert torch.equal(ours, transformers_positions(models[kind], ids, images, videos, per_video))
 
 
+@pytest.mark.parametrize(
+    "seconds",
+    [None, [0.1, 1 / 3], torch.tensor([0.1, 1 / 3]), torch.tensor([0.1, 1 / 3], dtype=torch.float64)],
+)
+def test_temporal_scaling_in_the_precision_transformers_uses(models, seconds):
+    """0.1 s x 2 tokens/s x patch 5 lands near a whole number: float32 and float64 truncate differently."""
+    blocks = [("video", (6, 2, 2)), ("video", (4, 2, 4))]
+    ids = block_ids("qwen2_5_vl", blocks, [1, 1, 1])
+    _, videos = split(blocks)
+    rope = QwenVLRope.from_config(models["qwen2_5_vl"].config)
+    ours = qwen_vl_positions(ids, rope, video_grid_thw=videos, second_per_grid_ts=seconds)
+    assert torch.equal(ours, transformers_positions(models["qwen2_5_vl"], ids, None, videos, seconds))
+
+
 def test_the_other_rule_equals_transformers_5_2():
     """transformers 5.2 resumed text at the largest position + 1 (tests/data/record_qwen_vl_rope.py)."""
     recorded = json.loads(RECORDED_5_2.read_text())

@@ -120,20 +120,22 @@ def _items(
                 f"multiples of the merge size {rope.merge_size} (as the processor gives them)"
             )
     image_intervals = torch.ones(len(images), dtype=torch.float32)
-    if rope.model == "qwen2_5_vl":
-        seconds = (
-            torch.ones(len(videos), dtype=torch.float32)
-            if second_per_grid_ts is None
-            else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1)
-        )
-        if len(seconds) != len(videos):
+    video_intervals = torch.ones(len(videos), dtype=torch.float32)
+    if rope.model == "qwen2_5_vl" and second_per_grid_ts is None:  # transformers takes 1 s per grid
+        video_intervals *= rope.tokens_per_second
+    elif rope.model == "qwen2_5_vl":
+        # in the precision transformers multiplies in, so the truncation below matches theirs bit for
+        # bit: a float tensor's own dtype; Python numbers as one float32 rounding of a float64 product
+        if isinstance(second_per_grid_ts, torch.Tensor) and second_per_grid_ts.is_floating_point():
+            video_intervals = rope.tokens_per_second * second_per_grid_ts.reshape(-1)
+        else:
+            seconds = torch.as_tensor(second_per_grid_ts, dtype=torch.float64).reshape(-1)
+            video_intervals = (rope.tokens_per_second * seconds).to(torch.float32)
+        if len(video_intervals) != len(videos):
             raise TightpackError(
-                f"second_per_grid_ts has {len(seconds)} values for {len(videos)} videos; give one per video"
+                f"second_per_grid_ts has {len(video_intervals)} values for {len(videos)} videos; give one "
+                "per video"
             )
-        # float32 as transformers computes it, so the truncation below matches theirs bit for bit
-        video_intervals = rope.tokens_per_second * seconds
-    else:
-        video_intervals = torch.ones(len(videos), dtype=torch.float32)
     return images // scale, image_intervals, videos // scale, video_intervals
 
 
@@ -210,13 +212,13 @@ def qwen_vl_positions(
         )
 
     t, h, w = grid.unbind(1)
-    temporal_step = (offset // (h * w)).to(torch.float32) * interval
+    temporal_step = (offset // (h * w)).to(interval.dtype) * interval
     temporal = temporal_step.long()
     height, width = (offset // w) % h, offset % w
     if rope.rule == "spatial_extent":
         block_advance = torch.maximum(h, w)
     else:
-        last_temporal = ((t - 1).to(torch.float32) * interval).long()
+        last_temporal = ((t - 1).to(interval.dtype) * interval).long()
         block_advance = torch.maximum(last_temporal, torch.maximum(h, w) - 1) + 1
 
     advance = torch.ones(len(ids), dtype=torch.long)  # text moves the position by one
