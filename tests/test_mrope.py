@@ -89,13 +89,23 @@ def test_positions_equal_transformers_on_any_layout(models, kind, blocks, texts,
     assert torch.equal(ours, transformers_positions(models[kind], ids, images, videos, per_video))
 
 
+SECONDS = [0.7, 0.15]
+
+
 @pytest.mark.parametrize(
     "seconds",
-    [None, [0.1, 1 / 3], torch.tensor([0.1, 1 / 3]), torch.tensor([0.1, 1 / 3], dtype=torch.float64)],
+    [
+        None,
+        SECONDS,
+        torch.tensor(SECONDS),
+        torch.tensor(SECONDS, dtype=torch.float64),
+        torch.tensor([1 / 3, 0.35]),
+    ],
 )
 def test_temporal_scaling_in_the_precision_transformers_uses(models, seconds):
-    """0.1 s x 2 tokens/s x patch 5 lands near a whole number: float32 and float64 truncate differently."""
-    blocks = [("video", (6, 2, 2)), ("video", (4, 2, 4))]
+    """Over 12 temporal patches, these intervals truncate differently in float32 and float64 (checked:
+    computing a float32 tensor's positions in float64 differs from transformers)."""
+    blocks = [("video", (12, 2, 2)), ("video", (12, 2, 4))]
     ids = block_ids("qwen2_5_vl", blocks, [1, 1, 1])
     _, videos = split(blocks)
     rope = QwenVLRope.from_config(models["qwen2_5_vl"].config)
