@@ -1,7 +1,7 @@
 """Chat content as users have it (tightpack.prepare.chat_content): parts, null content, tool calls.
 
 Expected texts are written out in full; `render_builtin` below is the built-in template of
-`tightpack.prepare.formats` (``<|{role}|>\\n{text}\\n`` per message) with the text taken from
+`tightpack.prepare.chat_render` (``<|{role}|>\\n{text}\\n`` per message) with the text taken from
 `builtin_message_text`.
 """
 
