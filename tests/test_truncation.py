@@ -138,7 +138,7 @@ def test_long_prompt_corpus_keeps_every_answer(tmp_path):
     rng = np.random.default_rng(0)
     rows = []
     for i in range(200):
-        picked = rng.choice(len(conversations), size=int(rng.integers(1, 120)), replace=False)
+        picked = rng.choice(len(conversations), size=int(rng.integers(1, 60)), replace=False)
         prompt = "\n\n".join(conversations[j] for j in picked) + " — résumé 日本語 ответ"
         rows.append({"input": prompt, "output": conversations[i][:200] or "ok"})
     source = write_jsonl(tmp_path / "long.jsonl", rows)

@@ -26,7 +26,12 @@ from tightpack.runtime import thd
 from tightpack.runtime.collate import PackedCollate
 from tightpack.runtime.hf import packed_forward
 from tightpack.runtime.mrope import QwenVLRope
-from tightpack.runtime.vision_packs import VisionPackedDataset, VisionSFTCollator, load_visuals
+from tightpack.runtime.vision_packs import (
+    VisionPackedDataset,
+    VisionSFTCollator,
+    load_visuals,
+    processor_media_loader,
+)
 
 PACK_SIZE = 320
 
@@ -200,3 +205,39 @@ def test_the_command_line_packs_vision_rows(corpus, tmp_path):
     )
     assert missing.returncode == 2 and "no preprocessor_config.json" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_vision_tokens_spelled_in_text_are_bad_rows(corpus, tmp_path):
+    """Text that spells a vision token would be read as an image: the row is refused, the others pack."""
+    root, rows, spec = corpus
+    spelled = {
+        "messages": [
+            {"role": "user", "content": "What is <|image_pad|>?"},
+            {"role": "assistant", "content": "A token."},
+        ]
+    }
+    plain = {"input": "Name a color.", "output": "Blue."}  # prompt-completion rows pack too
+    config = PackConfig(
+        packed_sequence_size=PACK_SIZE,
+        skip_bad_lines=True,
+        format=FormatConfig(vision=vision_spec("qwen2_vl", root)),
+    )
+    result = pack_dataset([rows[1], spelled, plain], tmp_path / "packs", config, tokenizer=spec)
+    assert result.counts["bad_rows"] == 1 and result.counts["packed"] == 2
+    manifest = json.loads((tmp_path / "packs" / "manifest.json").read_text())
+    assert "the vision tokens are reserved" in manifest["bad_rows"][0]["reason"]
+
+
+def test_processor_media_loader_runs_the_image_processor(corpus):
+    from types import SimpleNamespace
+
+    root, _, _ = corpus
+    load = processor_media_loader(SimpleNamespace(image_processor=image_processor("qwen2_vl")), root)
+    item = MediaItem("image", ("media/picture1.png",), (1, 8, 4))
+    visual = load_visuals([item], load)
+    expected = image_processor("qwen2_vl")(
+        images=[Image.open(root / item.paths[0]).convert("RGB")], return_tensors="pt"
+    )
+    assert torch.equal(visual["pixel_values"], expected["pixel_values"]) and visual[
+        "image_grid_thw"
+    ].tolist() == [[1, 8, 4]]

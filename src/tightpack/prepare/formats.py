@@ -34,7 +34,7 @@ from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.chat_content import CHAT_ROLES
 from tightpack.prepare.chat_render import _render_chat
 from tightpack.prepare.rendered import Rendered, RowError, _bounded
-from tightpack.prepare.vision_rows import MediaError, VisionSpec, vision_row
+from tightpack.prepare.vision_rows import MediaError, MediaItem, VisionSpec, vision_row
 
 __all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row"]
 
@@ -135,17 +135,33 @@ def render_row(
     kind = config.format
     if kind == "auto":
         kind = "chat" if config.messages_key in row else "prompt-completion"
+    media: tuple[MediaItem, ...] = ()
     if kind == "chat" and config.vision is not None:
         try:
             row, media = vision_row(row, config.vision, config.messages_key)
         except MediaError as error:
             raise RowError(str(error)) from None
-        if media:  # never cut: a cut could take placeholders with it
-            rendered = _render_chat(row, config, chat_template, special_tokens, None)
-            return dataclasses.replace(rendered, media=media)
-    if kind == "chat":
-        return _render_chat(row, config, chat_template, special_tokens, text_budget)
-    return _render_prompt_completion(row, config, text_budget)
+    if kind == "chat":  # a sample with media is never cut: a cut could take placeholders with it
+        rendered = _render_chat(row, config, chat_template, special_tokens, None if media else text_budget)
+    else:
+        rendered = _render_prompt_completion(row, config, text_budget)
+    if config.vision is None:
+        return rendered
+    _check_placeholders(rendered.text, media, config.vision)
+    return dataclasses.replace(rendered, media=media)
+
+
+def _check_placeholders(text: str, media: tuple[MediaItem, ...], vision: VisionSpec) -> None:
+    """Each media item has exactly its one placeholder token in the text: the vision tokens are
+    reserved, and text that spells them would be read as images."""
+    for kind in ("image", "video"):
+        token = vision.tokens[kind]
+        found, items = text.count(token), sum(item.kind == kind for item in media)
+        if found != items:
+            raise RowError(
+                f"the text holds {found} {token} for {items} {kind} parts: the vision tokens are reserved "
+                "for image and video parts; remove them from the text"
+            )
 
 
 def _missing_key(key: str, row: dict) -> RowError:
