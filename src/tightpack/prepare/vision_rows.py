@@ -43,10 +43,6 @@ class VisionSpec:
     media_root: str = "."
     tokens: dict[str, str] = field(default_factory=lambda: dict(QWEN_VL_TOKENS))
 
-    def settings(self) -> dict[str, Any]:
-        """What the manifest records (and what decides the tokens)."""
-        return {"sizes": vars(self.sizes), "media_root": self.media_root, "tokens": self.tokens}
-
 
 @dataclass(frozen=True)
 class MediaItem:
@@ -71,9 +67,10 @@ def media_json(items: tuple[MediaItem, ...]) -> str:
     """The sample's media as one JSON array (``[]`` for none), as stored with it and in the packs."""
     records = []
     for item in items:
-        record = {"type": item.kind, "path" if item.kind == "image" else "frames": (
-            item.paths[0] if item.kind == "image" else list(item.paths)
-        ), "grid_thw": list(item.grid)}  # fmt: skip
+        if item.kind == "image":
+            record = {"type": "image", "path": item.paths[0], "grid_thw": list(item.grid)}
+        else:
+            record = {"type": "video", "frames": list(item.paths), "grid_thw": list(item.grid)}
         if item.fps is not None:
             record["fps"] = item.fps
         records.append(record)
