@@ -127,6 +127,10 @@ def test_loader_batch_equals_the_collate_time_batch(corpus, tmp_path, kind, mult
         assert (expected["labels"].reshape(-1)[~supervised] == -100).all()
         assert torch.equal(thd.token_tensor(packed).reshape(-1)[:width], expected["input_ids"].reshape(-1))
         assert torch.equal(packed["mrope_position_ids"][..., :width], expected["mrope_position_ids"])
+        real = expected["padding_mask"].reshape(-1) == 0  # text positions (row 0 of the HF forward's)
+        assert torch.equal(
+            packed["position_ids"].reshape(-1)[:width][real], expected["position_ids"].reshape(-1)[real]
+        )
         for key in (
             "pixel_values",
             "image_grid_thw",
