@@ -1,0 +1,185 @@
+"""Packing for Hugging Face ``Trainer`` (and TRL on top of it): a data collator and its guards.
+
+`PackingCollator` turns either offline packs (`tightpack.runtime.dataset.PackedDataset` rows) or raw
+SFT rows (packed at collate time) into what transformers causal LMs take for packed input, one
+``[1, T]`` row per micro-batch:
+
+- ``input_ids``, ``position_ids`` restarting at every sequence (transformers builds the block-diagonal
+  mask from them for eager, sdpa and flex attention);
+- ``labels`` in transformers' convention (the model shifts them): -100 on every token that is not a
+  target and on every sequence's first token, so no sequence learns to predict the next one;
+- ``shift_labels``, the targets already aligned, which the causal-LM loss takes as they are (then
+  ``labels`` is not read) and which ``Trainer`` counts for ``num_items_in_batch``: the loss of a
+  gradient-accumulation step is the sum over its supervised tokens divided by their number, as in an
+  unpacked run. Offline packs do not hold a sample's final EOS as an input (Megatron-Bridge's
+  layout): the target of its last input is that EOS, in ``shift_labels`` only;
+- ``cu_seq_lens_q/k`` and ``max_length_q/k`` for flash-attention kernels, ``seq_idx``;
+- ``use_cache=False`` (with a cache transformers attends across the packed sequences) and no
+  ``attention_mask`` (a 2-D mask makes it ignore the sequence boundaries).
+
+`PackingCallback` checks the model when training starts: an attention implementation that would
+attend across sequences, or a Qwen-VL model (which needs `tightpack.runtime.hf.packed_forward`'s
+positions), stops the run with the fix. The collator itself stops at the first batch when
+``Trainer`` dropped the columns it needs (``remove_unused_columns=True`` on a ``datasets.Dataset``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from tightpack.errors import TightpackError
+from tightpack.prepare.formats import FormatConfig
+from tightpack.prepare.tokenizer import TokenizerSpec
+from tightpack.runtime.collate import PackedCollate
+from tightpack.runtime.hf import PACKED_ATTENTION, hf_packed_kwargs
+from tightpack.runtime.sft_collate import LossMode, TextSFTCollator
+
+__all__ = ["PackingCallback", "PackingCollator", "trainer_inputs"]
+
+_PACK_COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
+_ROW_KEYS = ("messages", "input", "output", "text")
+_TOKEN_KEYS = ("input_ids", "position_ids", "labels", "shift_labels")
+
+
+def trainer_inputs(batch: Mapping[str, Any], ignore_index: int = -100) -> dict[str, Any]:
+    """The model inputs of one packed THD row (``[1, T]``, label-aligned ``labels`` and ``loss_mask``).
+
+    >>> batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]),
+    ...          "position_ids": torch.tensor([[0, 1, 2, 0, 1]]),
+    ...          "labels": torch.tensor([[6, 7, 0, 9, 0]]), "loss_mask": torch.tensor([[0, 1, 0, 1, 0]]),
+    ...          "cu_seqlens_q": torch.tensor([0, 3, 5], dtype=torch.int32)}
+    >>> inputs = trainer_inputs(batch)
+    >>> inputs["labels"].tolist(), inputs["shift_labels"].tolist()
+    ([[-100, -100, 7, -100, 9]], [[-100, 7, -100, 9, -100]])
+    """
+    kwargs = hf_packed_kwargs(batch)
+    supervised = batch["loss_mask"].reshape(kwargs["input_ids"].shape) > 0
+    shift_labels = torch.where(supervised, batch["labels"].reshape(supervised.shape).long(), ignore_index)
+    labels = torch.full_like(shift_labels, ignore_index)
+    labels[:, 1:] = shift_labels[:, :-1]
+    # A sequence's first token is no target: in offline packs the last input of the previous sequence
+    # predicts an EOS that is not an input, which only ``shift_labels`` can say (and the loss reads).
+    labels[0, kwargs["cu_seq_lens_q"][:-1].long()] = ignore_index
+    return kwargs | {
+        "input_ids": kwargs["input_ids"].long(),
+        "position_ids": kwargs["position_ids"].long(),
+        "labels": labels,
+        "shift_labels": shift_labels,
+        "use_cache": False,
+    }
+
+
+def _concatenate(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``[1, T]`` row of several rows' inputs (boundaries shifted, sequence ids renumbered)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {key: torch.cat([part[key] for part in parts], dim=1) for key in _TOKEN_KEYS}
+    widths = torch.tensor([part["input_ids"].shape[1] for part in parts])
+    counts = torch.tensor([len(part["cu_seq_lens_q"]) - 1 for part in parts])
+    token_offsets, sequence_offsets = torch.cumsum(widths, 0) - widths, torch.cumsum(counts, 0) - counts
+    bounds = torch.cat(
+        [torch.zeros(1, dtype=torch.int32)]
+        + [part["cu_seq_lens_q"][1:] + offset for part, offset in zip(parts, token_offsets, strict=True)]
+    ).to(torch.int32)
+    seq_idx = torch.cat(
+        [part["seq_idx"] + offset for part, offset in zip(parts, sequence_offsets, strict=True)], 1
+    )
+    longest = max(part["max_length_q"] for part in parts)
+    return out | {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest,
+                  "max_length_k": longest, "seq_idx": seq_idx, "use_cache": False}  # fmt: skip
+
+
+class PackingCollator:
+    """``data_collator`` for ``transformers.Trainer``: each micro-batch becomes one packed ``[1, T]`` row.
+
+    Features are offline packs (rows of `tightpack.runtime.dataset.PackedDataset`, or of a
+    ``datasets.Dataset`` read from packed Parquet: ``input_ids``, ``loss_mask``, ``seq_start_id``,
+    ``seq_len``), or raw SFT rows (chat or prompt-completion, as ``tightpack pack`` reads them),
+    tokenized and packed here. A feature that is itself a list of rows is a whole micro-batch (a
+    dataset of micro-batches, e.g. from `TokenBudgetBatchSampler`, with ``per_device_train_batch_size=1``).
+
+    Args:
+        tokenizer: for raw rows: a `TokenizerSpec` or path (None: the built-in GPT-2).
+        format, loss_mode, max_length, pad_to_multiple_of: for raw rows, as `TextSFTCollator`.
+        pack_size, pad_seq_to_mult, eos_id: for offline packs, as `PackedCollate` (``pad_seq_to_mult``
+            is the packs' alignment multiple; ``eos_id`` their pad id).
+    """
+
+    def __init__(
+        self,
+        tokenizer: TokenizerSpec | str | None = None,
+        *,
+        format: FormatConfig | None = None,
+        loss_mode: LossMode = "assistant",
+        max_length: int | None = None,
+        pad_to_multiple_of: int = 1,
+        pack_size: int | None = None,
+        pad_seq_to_mult: int = 1,
+        eos_id: int | None = None,
+        ignore_index: int = -100,
+    ) -> None:
+        self.ignore_index = ignore_index
+        self.rows = TextSFTCollator(
+            tokenizer, format=format, loss_mode=loss_mode, max_length=max_length,
+            enable_in_batch_packing=True, in_batch_packing_pad_to_multiple_of=pad_to_multiple_of,
+            ignore_index=ignore_index,
+        )  # fmt: skip
+        eos = self.rows.encoder.spec.eos_id if eos_id is None else eos_id
+        self.packs = PackedCollate(
+            pack_size=pack_size or 1 << 30,
+            eos_id=eos,
+            pad_seq_length_to_mult=1,
+            pad_seq_to_mult=pad_seq_to_mult,
+        )
+
+    def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
+        if len(features) == 1 and isinstance(features[0], (list, tuple)):
+            features = features[0]
+        if not features:
+            raise TightpackError("PackingCollator received an empty micro-batch")
+        first = features[0]
+        if not isinstance(first, Mapping):
+            raise TightpackError(f"PackingCollator takes rows (mappings), got {type(first).__name__}")
+        if all(key in first for key in _PACK_COLUMNS):
+            return _concatenate(
+                [trainer_inputs(self.packs([feature]), self.ignore_index) for feature in features]
+            )
+        if any(key in first for key in _ROW_KEYS):
+            return trainer_inputs(self.rows(list(features)), self.ignore_index)
+        raise TightpackError(
+            f"PackingCollator got rows with the columns {sorted(first)}: packs need "
+            f"{', '.join(_PACK_COLUMNS)} and raw rows one of {', '.join(_ROW_KEYS)}. Trainer drops the "
+            "columns its model does not take from a datasets.Dataset: set "
+            "TrainingArguments(remove_unused_columns=False)"
+        )
+
+
+class PackingCallback(TrainerCallback):
+    """A ``transformers.TrainerCallback`` that checks the model when training starts.
+
+    Raises:
+        TightpackError: for an attention implementation outside `PACKED_ATTENTION`, or a Qwen-VL model
+            (its packed rows need multimodal positions: `tightpack.runtime.hf.packed_forward`).
+    """
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs) -> None:
+        if model is None:
+            return
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        attention = getattr(text_config, "_attn_implementation", None)
+        if attention is not None and attention not in PACKED_ATTENTION:
+            raise TightpackError(
+                f"attention implementation {attention!r} does not keep packed sequences apart; load the "
+                f"model with attn_implementation= one of {', '.join(PACKED_ATTENTION)}"
+            )
+        if getattr(config, "model_type", None) in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
+            raise TightpackError(
+                f"{config.model_type} needs multimodal positions on packed rows, which PackingCollator "
+                "does not build; use tightpack.runtime.vlm.pack_vlm_samples with "
+                "tightpack.runtime.hf.packed_forward"
+            )

@@ -1,0 +1,118 @@
+"""Hugging Face Trainer on tightpack packs: the loss curve of a whole run equals the padded run's."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.hf_training import PaddedCollator, encoded_rows, micro_batches, small_tokenizer, tiny_llama, train
+from tightpack.errors import TightpackError
+from tightpack.pack_config import PackConfig
+from tightpack.pipeline import pack_dataset
+from tightpack.prepare.sources import default_corpus
+from tightpack.runtime.dataset import PackedDataset
+from tightpack.runtime.hf_trainer import PackingCallback, PackingCollator
+
+BUDGET = 512
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [row for chunk in default_corpus().read(0, 256) for row in chunk.parsed_rows()][:96]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(rows):
+    return small_tokenizer(rows)
+
+
+def test_a_run_packed_equals_the_padded_run_step_by_step(rows, tokenizer, tmp_path):
+    """12 optimizer steps of 2 micro-batches each, the same samples in the same steps: the packed run
+    (one [1, T] row per micro-batch) and the padded run ([B, S] with an attention mask) have equal
+    losses at every step and equal final weights. The model keeps ``use_cache=True`` in its config
+    (transformers' default, which would make packed attention cross sequences), and the loss of a
+    step is normalized by its supervised tokens (``num_items_in_batch``), in both runs."""
+    groups = micro_batches(rows, tokenizer, BUDGET, max_length=BUDGET)
+    runs, weights = {}, {}
+    for name, collator in (
+        ("packed", PackingCollator(tokenizer, max_length=BUDGET)),
+        ("padded", PaddedCollator(tokenizer, BUDGET)),
+    ):
+        model = tiny_llama(tokenizer.vocab_size, hidden=32)
+        assert model.config.use_cache
+        runs[name] = train(model, groups, collator, steps=12, accumulation=2, workdir=tmp_path / name)
+        weights[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    packed, padded = runs["packed"], runs["padded"]
+    assert len(packed["losses"]) == len(padded["losses"]) == 12
+    np.testing.assert_allclose(packed["losses"], padded["losses"], rtol=1e-4, atol=0)
+    assert packed["losses"][-1] < packed["losses"][0] - 0.1  # it learns
+    torch.testing.assert_close(weights["packed"], weights["padded"], rtol=0, atol=1e-4)
+    assert packed["tokens"] == padded["tokens"] and packed["padding"] == 0 < padded["padding"]
+
+
+def test_offline_packs_and_raw_rows_give_the_model_the_same_targets(rows, tokenizer, tmp_path):
+    """Both inputs of the collator: packs from ``tightpack pack`` and the raw rows they came from."""
+    short = [
+        row
+        for row, (ids, _) in zip(rows, encoded_rows(rows, tokenizer, 10**6), strict=True)
+        if len(ids) < BUDGET
+    ]
+    rows = short[:12]  # none truncated: truncation is a policy of its own, tested elsewhere
+    result = pack_dataset(
+        rows, tmp_path / "packs", PackConfig(packed_sequence_size=BUDGET), tokenizer=tokenizer
+    )
+    packs = PackedDataset(tmp_path / "packs")
+    collator = PackingCollator(tokenizer, max_length=BUDGET)
+    batch = collator([packs[i] for i in range(len(packs))])
+    boundaries = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"}
+    assert set(batch) == {"input_ids", "position_ids", "labels", "shift_labels", "use_cache", *boundaries}
+    assert batch["use_cache"] is False and "attention_mask" not in batch
+    starts = batch["cu_seq_lens_q"][:-1].long()
+    assert len(starts) == result.counts["packed"] > 4 and (batch["position_ids"][0, starts] == 0).all()
+    assert (batch["labels"][0, starts] == -100).all(), "no sequence learns to predict the next one"
+    follows = torch.ones(batch["labels"].shape[1], dtype=torch.bool)
+    follows[starts] = False
+    assert torch.equal(batch["labels"][0, follows], batch["shift_labels"][0, :-1][follows[1:]])
+    # the same targets, sequence by sequence, as collate-time packing of the raw rows
+    files = sorted((tmp_path / "packs").glob("*.parquet"))
+    order = [
+        i for file in files for pack in pq.read_table(file).column("sample_index").to_pylist() for i in pack
+    ]
+    raw = collator([rows[i] for i in order])
+    ours = [batch["shift_labels"][0, a:b] for a, b in zip(starts, batch["cu_seq_lens_q"][1:], strict=True)]
+    theirs = [
+        raw["shift_labels"][0, a:b]
+        for a, b in zip(raw["cu_seq_lens_q"][:-1], raw["cu_seq_lens_q"][1:], strict=True)
+    ]
+    for mine, other in zip(ours, theirs, strict=True):
+        assert torch.equal(mine[mine != -100], other[other != -100])
+
+
+def test_dropped_columns_stop_the_first_batch(rows, tokenizer, tmp_path):
+    """Trainer drops the columns its model does not take from a datasets.Dataset
+    (``remove_unused_columns=True``): the packs lose their loss mask and boundaries."""
+    datasets = pytest.importorskip("datasets")
+    from transformers import Trainer, TrainingArguments
+
+    pack_dataset(rows[:8], tmp_path / "packs", PackConfig(packed_sequence_size=BUDGET), tokenizer=tokenizer)
+    files = sorted(str(path) for path in (tmp_path / "packs").glob("*.parquet"))
+    table = datasets.Dataset.from_parquet(files)
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1, report_to=[], use_cpu=True,
+                             per_device_train_batch_size=2)  # fmt: skip
+    trainer = Trainer(model=tiny_llama(tokenizer.vocab_size, hidden=32), args=args, train_dataset=table,
+                      data_collator=PackingCollator(tokenizer))  # fmt: skip
+    with pytest.raises(TightpackError, match=re.escape("set TrainingArguments(remove_unused_columns=False)")):
+        trainer.train()
+
+
+def test_an_attention_that_crosses_sequences_stops_training(tokenizer):
+    model = tiny_llama(tokenizer.vocab_size, hidden=32)
+    model.config._attn_implementation = "paged|sdpa"
+    with pytest.raises(TightpackError, match="does not keep packed sequences apart"):
+        PackingCallback().on_train_begin(None, None, None, model=model)
+    model.config._attn_implementation = "sdpa"
+    PackingCallback().on_train_begin(None, None, None, model=model)
