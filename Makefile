@@ -47,6 +47,8 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_runtime.py
 	$(PY) benchmarks/bench_token_budget.py
 	$(PY) benchmarks/bench_online.py
+	$(PY) benchmarks/bench_mrope.py
+	$(PY) benchmarks/bench_training.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/tightpack/core/*.so packed-demo

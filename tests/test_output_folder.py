@@ -261,11 +261,10 @@ def test_a_forked_worker_outliving_a_killed_run_does_not_keep_the_lock(tmp_path)
         import os, time
         from tightpack.output_folder import output_lock
         with output_lock({str(tmp_path / "out")!r}):
-            worker = os.fork()
-            if worker == 0:
+            if os.fork() == 0:  # the worker says ready: its fork handlers have run by then
+                print("ready", os.getpid(), flush=True)
                 time.sleep(60)
                 os._exit(0)
-            print("ready", worker, flush=True)
             time.sleep(60)
     """)
     worker = int(worker)
