@@ -73,12 +73,36 @@ def encoded_rows(
 
 
 def micro_batches(
-    rows: Sequence[dict], spec: TokenizerSpec, token_budget: int, max_length: int
+    rows: Sequence[dict],
+    spec: TokenizerSpec,
+    token_budget: int,
+    max_length: int,
+    *,
+    shuffled_seed: int | None = None,
 ) -> list[list[dict]]:
-    """The rows grouped into micro-batches of about ``token_budget`` tokens, in the planner's order."""
-    lengths = [len(ids) for ids, _ in encoded_rows(rows, spec, max_length)]
-    sampler = TokenBudgetBatchSampler(lengths, token_budget, shuffle=False)
-    return [[rows[i] for i in batch] for batch in sampler]
+    """The rows that have a target, grouped into micro-batches of at most ``token_budget`` tokens.
+
+    Planned (default): `TokenBudgetBatchSampler`'s bins, which group samples of similar length, in
+    its order. ``shuffled_seed``: the rows in a seeded random order, each micro-batch filled with the
+    next rows while they fit (what a padded run by token budget over a shuffled dataset sees).
+    """
+    encoded = encoded_rows(rows, spec, max_length)
+    keep = [
+        i for i, (_, mask) in enumerate(encoded) if mask[1:].any()
+    ]  # as tightpack pack: no target, no sample
+    lengths = [len(encoded[i][0]) for i in keep]
+    if shuffled_seed is None:
+        bins = list(TokenBudgetBatchSampler(lengths, token_budget, shuffle=False))
+    else:
+        bins, current, used = [], [], 0
+        for position in np.random.default_rng(shuffled_seed).permutation(len(keep)).tolist():
+            if current and used + lengths[position] > token_budget:
+                bins.append(current)
+                current, used = [], 0
+            current.append(position)
+            used += lengths[position]
+        bins.append(current)
+    return [[rows[keep[i]] for i in batch] for batch in bins]
 
 
 class PaddedCollator:
@@ -104,7 +128,15 @@ class PaddedCollator:
 
 
 def train(
-    model, groups: list[list[dict]], collator, *, steps: int, accumulation: int, seed: int = 0, workdir
+    model,
+    groups: list[list[dict]],
+    collator,
+    *,
+    steps: int,
+    accumulation: int,
+    seed: int = 0,
+    lr: float = 2e-3,
+    workdir,
 ):
     """Train with ``Trainer`` for ``steps`` optimizer steps. Returns every step's loss (the sum of its
     micro-batches' losses, each normalized by the step's supervised tokens: unrounded, unlike the
@@ -130,7 +162,7 @@ def train(
 
     args = TrainingArguments(
         output_dir=str(workdir), per_device_train_batch_size=1, gradient_accumulation_steps=accumulation,
-        max_steps=steps, learning_rate=2e-3, warmup_steps=0, lr_scheduler_type="constant", weight_decay=0.0,
+        max_steps=steps, learning_rate=lr, warmup_steps=0, lr_scheduler_type="constant", weight_decay=0.0,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=seed, data_seed=seed,
         remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
