@@ -86,8 +86,9 @@ def vision_spec(kind: str, root: Path) -> VisionSpec:
     return VisionSpec(VisionSizes(kind, video_min_pixels=low, video_max_pixels=high), media_root=str(root))
 
 
-@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-@pytest.mark.parametrize("multiple", [1, 4])
+@pytest.mark.parametrize(
+    ("kind", "multiple"), [("qwen2_vl", 1), ("qwen2_vl", 4), ("qwen2_5_vl", 4), ("qwen3_vl", 4)]
+)
 def test_loader_batch_equals_the_collate_time_batch(corpus, tmp_path, kind, multiple):
     root, rows, spec = corpus
     vision = vision_spec(kind, root)
