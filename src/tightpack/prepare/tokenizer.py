@@ -267,6 +267,11 @@ _TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+=* \d+\r?\n?")
 
 
 def _from_transformers(path: Path) -> TokenizerSpec:
+    if not any(path.iterdir()):  # said at once, without importing transformers (seconds)
+        raise TightpackError(
+            f"cannot load a tokenizer from {str(path)!r} (the folder is empty); give a folder with "
+            "tokenizer.json or a tokenizer transformers can load"
+        )
     _check_converter_packages(path)
     with _quiet_transformers():
         from transformers import AutoTokenizer

@@ -26,7 +26,7 @@ import torch
 from tightpack.errors import TightpackError
 from tightpack.runtime import thd
 
-__all__ = ["PACKED_ATTENTION", "hf_packed_kwargs", "hf_packed_vlm_kwargs", "packed_forward"]
+__all__ = ["PACKED_ATTENTION", "check_packable", "hf_packed_kwargs", "hf_packed_vlm_kwargs", "packed_forward"]
 
 # attention implementations that keep packed sequences apart when given positions and no 2-D mask:
 # eager, sdpa and flex build a block-diagonal mask from the positions, the flash kernels take the
@@ -90,8 +90,14 @@ def hf_packed_vlm_kwargs(batch: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs | {key: batch[key] for key in _VISUAL_INPUTS if batch.get(key) is not None}
 
 
-def _check_packable(model: torch.nn.Module, vlm: bool) -> None:
-    """Refuse an attention implementation or transformers release that would attend across sequences."""
+def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
+    """Refuse a model that would attend across packed sequences: an attention implementation outside
+    `PACKED_ATTENTION`, a Qwen-VL model without multimodal positions (``vlm=False``), multimodal
+    positions for another model or on a transformers release that cannot pack it (``vlm=True``).
+
+    Raises:
+        TightpackError: naming the problem and the fix.
+    """
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     attention = getattr(text_config, "_attn_implementation", None)
@@ -105,7 +111,8 @@ def _check_packable(model: torch.nn.Module, vlm: bool) -> None:
         if model_type in _QWEN_VL_SINCE:
             raise TightpackError(
                 f"{model_type} needs multimodal positions on a packed row; pack with "
-                "tightpack.runtime.vlm.pack_vlm_samples(samples, QwenVLRope.from_config(model.config))"
+                "tightpack.runtime.vlm.pack_vlm_samples(samples, QwenVLRope.from_config(model.config)) and "
+                "run it with tightpack.runtime.hf.packed_forward"
             )
         return
     if model_type not in _QWEN_VL_SINCE:
@@ -146,7 +153,7 @@ def packed_forward(model: torch.nn.Module, batch: Mapping[str, Any], **kwargs: A
             "pass none (position_ids carry the boundaries) or a 4-D block-diagonal mask"
         )
     vlm = batch.get("mrope_position_ids") is not None
-    _check_packable(model, vlm)
+    check_packable(model, vlm)
     if vlm:
         return model(**hf_packed_vlm_kwargs(batch), use_cache=False, **kwargs)
     packed = hf_packed_kwargs(batch)

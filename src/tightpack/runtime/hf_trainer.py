@@ -35,7 +35,7 @@ from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.runtime.collate import PackedCollate
-from tightpack.runtime.hf import PACKED_ATTENTION, hf_packed_kwargs
+from tightpack.runtime.hf import check_packable, hf_packed_kwargs
 from tightpack.runtime.sft_collate import LossMode, TextSFTCollator
 
 __all__ = ["PackingCallback", "PackingCollator", "trainer_inputs"]
@@ -167,19 +167,5 @@ class PackingCallback(TrainerCallback):
     """
 
     def on_train_begin(self, args, state, control, model=None, **kwargs) -> None:
-        if model is None:
-            return
-        config = model.config
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        attention = getattr(text_config, "_attn_implementation", None)
-        if attention is not None and attention not in PACKED_ATTENTION:
-            raise TightpackError(
-                f"attention implementation {attention!r} does not keep packed sequences apart; load the "
-                f"model with attn_implementation= one of {', '.join(PACKED_ATTENTION)}"
-            )
-        if getattr(config, "model_type", None) in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
-            raise TightpackError(
-                f"{config.model_type} needs multimodal positions on packed rows, which PackingCollator "
-                "does not build; use tightpack.runtime.vlm.pack_vlm_samples with "
-                "tightpack.runtime.hf.packed_forward"
-            )
+        if model is not None:
+            check_packable(model)
