@@ -21,9 +21,11 @@ __all__ = [
     "TightpackError",
     "__version__",
     "alignment_multiple",
+    "from_hf_packed",
     "pack_dataset",
     "pack_stats",
     "plan_packs",
+    "to_hf_dataset",
 ]
 assert __all__ == sorted(__all__)
 
@@ -34,4 +36,8 @@ def __getattr__(name: str):
         from tightpack import pipeline
 
         return getattr(pipeline, name)
+    if name in ("from_hf_packed", "to_hf_dataset"):
+        from tightpack import hf_datasets
+
+        return getattr(hf_datasets, name)
     raise AttributeError(f"module 'tightpack' has no attribute {name!r}")

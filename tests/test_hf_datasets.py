@@ -1,0 +1,86 @@
+"""Packs as Hugging Face datasets both ways: TRL's packed datasets in, tightpack's packs out."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from tightpack import from_hf_packed, to_hf_dataset
+from tightpack.cli import main
+from tightpack.errors import TightpackError
+from tightpack.pack_config import PackConfig
+from tightpack.pipeline import pack_dataset
+from tightpack.runtime.dataset import PackedDataset
+from tightpack.runtime.hf_trainer import PackingCollator
+
+datasets = pytest.importorskip("datasets")
+
+
+def trl_packs(rng: np.random.Generator, packs: int) -> list[dict]:
+    """Rows as trl.pack_dataset(strategy="bfd") writes them: input_ids, seq_lengths, and the
+    completion_mask of completion-only loss (1 on the tokens that are targets)."""
+    rows = []
+    for _ in range(packs):
+        lengths = rng.integers(2, 40, int(rng.integers(1, 5))).tolist()
+        ids = rng.integers(3, 1000, sum(lengths)).tolist()
+        mask = [
+            int(k >= n // 2) for n in lengths for k in range(n)
+        ]  # the second half of each is the completion
+        rows.append({"input_ids": ids, "seq_lengths": lengths, "completion_mask": mask})
+    return rows
+
+
+def expected_targets(row: dict) -> list[list[int]]:
+    """What TRL's padding-free collator trains on, per sequence: the tokens after the first with mask 1."""
+    out, start = [], 0
+    for n in row["seq_lengths"]:
+        ids, mask = row["input_ids"][start : start + n], row["completion_mask"][start : start + n]
+        out.append([token for token, keep in zip(ids[1:], mask[1:], strict=True) if keep])
+        start += n
+    return out
+
+
+def test_a_trl_packed_dataset_trains_on_the_same_targets(tmp_path, gpt2):
+    rows = trl_packs(np.random.default_rng(0), 12)
+    out = from_hf_packed(datasets.Dataset.from_list(rows), tmp_path / "packs", pack_size=160)
+    assert main(["verify", str(out)]) == 0
+    packs = PackedDataset(out)
+    collator = PackingCollator(gpt2)
+    for index, row in enumerate(rows):
+        batch = collator([packs[index]])
+        bounds = batch["cu_seq_lens_q"].tolist()
+        assert [b - a for a, b in itertools.pairwise(bounds)] == [n - 1 for n in row["seq_lengths"]]
+        got = [batch["shift_labels"][0, a:b] for a, b in itertools.pairwise(bounds)]
+        assert [t[t != -100].tolist() for t in got] == expected_targets(row)
+    # position_ids instead of seq_lengths: the same files
+    by_positions = [
+        {key: r[key] for key in ("input_ids", "completion_mask")}
+        | {"position_ids": [k for n in r["seq_lengths"] for k in range(n)]}
+        for r in rows
+    ]
+    again = from_hf_packed(by_positions, tmp_path / "again", pack_size=160)
+    assert (again / "packs-00000.idx.parquet").read_bytes() == (out / "packs-00000.idx.parquet").read_bytes()
+
+
+def test_trl_rows_are_checked(tmp_path):
+    with pytest.raises(TightpackError, match="neither seq_lengths nor position_ids"):
+        from_hf_packed([{"input_ids": [1, 2, 3]}], tmp_path / "a", pack_size=8)
+    with pytest.raises(TightpackError, match="must be at least 2 and sum to its 3 tokens"):
+        from_hf_packed([{"input_ids": [1, 2, 3], "seq_lengths": [2, 2]}], tmp_path / "b", pack_size=8)
+    with pytest.raises(TightpackError, match="over pack_size 2"):
+        from_hf_packed([{"input_ids": [1, 2, 3, 4], "seq_lengths": [4]}], tmp_path / "c", pack_size=2)
+
+
+def test_tightpack_packs_as_a_dataset_give_the_collator_the_same_batch(tmp_path, gpt2, chat_rows):
+    pack_dataset(chat_rows, tmp_path / "packs", PackConfig(packed_sequence_size=512), tokenizer=gpt2)
+    table, packs = to_hf_dataset(tmp_path / "packs"), PackedDataset(tmp_path / "packs")
+    assert table.column_names == ["input_ids", "loss_mask", "seq_start_id", "seq_len"] and len(table) == len(
+        packs
+    )
+    collator = PackingCollator(gpt2)
+    ours, theirs = collator([packs[i] for i in range(2)]), collator([table[i] for i in range(2)])
+    for key in ("input_ids", "position_ids", "labels", "shift_labels", "cu_seq_lens_q"):
+        assert torch.equal(ours[key], theirs[key]), key
