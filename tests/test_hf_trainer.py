@@ -116,3 +116,41 @@ def test_an_attention_that_crosses_sequences_stops_training(tokenizer):
         PackingCallback().on_train_begin(None, None, None, model=model)
     model.config._attn_implementation = "sdpa"
     PackingCallback().on_train_begin(None, None, None, model=model)
+
+
+# TRL's SFTConfig passes transformers a deprecated argument name of its own
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_trl_sft_trainer_on_tightpack_packs_equals_the_trainer_run(rows, tokenizer, tmp_path):
+    """TRL's SFTTrainer (its own dataset preparation skipped) trains on tightpack's packs through the
+    collator with the losses of transformers' Trainer on the same packs."""
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    from tightpack import to_hf_dataset
+
+    pack_dataset(rows, tmp_path / "packs", PackConfig(packed_sequence_size=BUDGET), tokenizer=tokenizer)
+    table, collator = to_hf_dataset(tmp_path / "packs"), PackingCollator(tokenizer)
+    reference = train(tiny_llama(tokenizer.vocab_size, hidden=32), table, collator, steps=4, accumulation=2,
+                      workdir=tmp_path / "trainer")  # fmt: skip
+    losses = []
+
+    class Recording(SFTTrainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            losses.append(float(loss := super().training_step(model, inputs, num_items_in_batch)))
+            return loss
+
+    args = SFTConfig(
+        output_dir=str(tmp_path / "sft"), per_device_train_batch_size=1, gradient_accumulation_steps=2,
+        max_steps=4, learning_rate=2e-3, warmup_steps=0, lr_scheduler_type="constant", weight_decay=0.0,
+        save_strategy="no", report_to=[], use_cpu=True, seed=0, data_seed=0, remove_unused_columns=False,
+        disable_tqdm=True, dataset_kwargs={"skip_prepare_dataset": True},
+    )  # fmt: skip
+    processing = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend, eos_token=tokenizer.eos_token, pad_token=tokenizer.eos_token
+    )
+    model = tiny_llama(tokenizer.vocab_size, hidden=32)
+    trainer = Recording(model=model, args=args, train_dataset=table, data_collator=collator,
+                        processing_class=processing, callbacks=[PackingCallback()])  # fmt: skip
+    trainer.train()
+    per_step = np.add.reduceat(np.array(losses), np.arange(0, len(losses), 2))
+    np.testing.assert_allclose(per_step, reference["losses"], rtol=1e-4, atol=0)
