@@ -19,18 +19,23 @@ from tightpack.runtime.hf_trainer import PackingCollator
 datasets = pytest.importorskip("datasets")
 
 
-def trl_packs(rng: np.random.Generator, packs: int) -> list[dict]:
-    """Rows as trl.pack_dataset(strategy="bfd") writes them: input_ids, seq_lengths, and the
-    completion_mask of completion-only loss (1 on the tokens that are targets)."""
-    rows = []
-    for _ in range(packs):
-        lengths = rng.integers(2, 40, int(rng.integers(1, 5))).tolist()
-        ids = rng.integers(3, 1000, sum(lengths)).tolist()
-        mask = [
-            int(k >= n // 2) for n in lengths for k in range(n)
-        ]  # the second half of each is the completion
-        rows.append({"input_ids": ids, "seq_lengths": lengths, "completion_mask": mask})
-    return rows
+def trl_packs(rng: np.random.Generator, samples: int, pack_size: int) -> list[dict]:
+    """Samples with the completion_mask of completion-only loss (1 on the tokens that are targets),
+    packed by TRL's own pack_dataset (strategy "bfd": input_ids, completion_mask, seq_lengths)."""
+    from trl import pack_dataset as trl_pack
+
+    unpacked = []
+    for _ in range(samples):
+        n = int(rng.integers(2, 40))
+        unpacked.append(
+            {
+                "input_ids": rng.integers(3, 1000, n).tolist(),
+                "completion_mask": [int(k >= n // 2) for k in range(n)],
+            }
+        )
+    packed = trl_pack(datasets.Dataset.from_list(unpacked), seq_length=pack_size, strategy="bfd")
+    assert packed.column_names == ["input_ids", "completion_mask", "seq_lengths"]
+    return packed.to_list()
 
 
 def expected_targets(row: dict) -> list[list[int]]:
@@ -44,7 +49,8 @@ def expected_targets(row: dict) -> list[list[int]]:
 
 
 def test_a_trl_packed_dataset_trains_on_the_same_targets(tmp_path, gpt2):
-    rows = trl_packs(np.random.default_rng(0), 12)
+    rows = trl_packs(np.random.default_rng(0), 40, pack_size=160)
+    assert any(len(row["seq_lengths"]) > 1 for row in rows)
     out = from_hf_packed(datasets.Dataset.from_list(rows), tmp_path / "packs", pack_size=160)
     assert main(["verify", str(out)]) == 0
     packs = PackedDataset(out)
