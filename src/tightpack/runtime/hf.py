@@ -25,6 +25,7 @@ import torch
 
 from tightpack.errors import TightpackError
 from tightpack.runtime import thd
+from tightpack.runtime.mrope import transformers_version
 
 __all__ = ["PACKED_ATTENTION", "check_packable", "hf_packed_kwargs", "hf_packed_vlm_kwargs", "packed_forward"]
 
@@ -120,13 +121,11 @@ def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
             f"the batch holds multimodal positions, which only Qwen-VL models ({', '.join(_QWEN_VL_SINCE)}) "
             f"take; this model is {model_type!r}"
         )
-    import transformers
-
-    installed = tuple(int(p) if p.isdigit() else 0 for p in transformers.__version__.split(".")[:2])
+    installed = transformers_version() or (0, 0)
     if installed < _QWEN_VL_SINCE[model_type]:
         since = ".".join(map(str, _QWEN_VL_SINCE[model_type]))
         raise TightpackError(
-            f"transformers {transformers.__version__} does not find packed sequences in {model_type}'s "
+            f"transformers {'.'.join(map(str, installed))} does not find packed sequences in {model_type}'s "
             f"positions, so attention would cross them; upgrade to transformers>={since}"
         )
 

@@ -38,17 +38,27 @@ _MODEL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": 
 _FIRST_SPATIAL_EXTENT_VERSION = (5, 3)
 
 
+def transformers_version() -> tuple[int, int] | None:
+    """``(major, minor)`` of the installed transformers, None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("transformers")
+    except PackageNotFoundError:
+        return None
+    major, minor = (int(part) if part.isdigit() else 0 for part in [*text.split("."), "0"][:2])
+    return major, minor
+
+
 def installed_resume_rule() -> str:
     """The text-resume rule of the installed transformers: ``"spatial_extent"`` from 5.3 on, else
     ``"max_plus_one"``; ``"spatial_extent"`` (the reference's pin) when transformers is absent."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        text = version("transformers")
-    except PackageNotFoundError:
-        return "spatial_extent"
-    parts = [int(p) if p.isdigit() else 0 for p in text.split(".")[:2]]
-    return "spatial_extent" if tuple(parts) >= _FIRST_SPATIAL_EXTENT_VERSION else "max_plus_one"
+    installed = transformers_version()
+    return (
+        "max_plus_one"
+        if installed is not None and installed < _FIRST_SPATIAL_EXTENT_VERSION
+        else "spatial_extent"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
