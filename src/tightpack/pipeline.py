@@ -59,7 +59,16 @@ from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
 from tightpack.sample_accounting import account_samples
 
-__all__ = ["MANIFEST_NAME", "METADATA_NAME", "PackConfig", "PackResult", "Progress", "pack_dataset"]
+__all__ = [
+    "MANIFEST_NAME",
+    "METADATA_NAME",
+    "PackConfig",
+    "PackResult",
+    "Progress",
+    "TokenizedInputs",
+    "pack_dataset",
+    "tokenize_inputs",
+]
 
 _CHUNK_ROWS = 512  # rows per tokenization chunk; fixed, so the output does not depend on --workers
 
@@ -137,6 +146,43 @@ def pack_dataset(
         return _pack(
             inputs, split, Path(output), target, config, tokenizer, overwrite, progress or _NoProgress()
         )
+
+
+@dataclass
+class TokenizedInputs:
+    """The token store of some inputs and what made it (`tokenize_inputs`)."""
+
+    spec: TokenizerSpec
+    sources: list
+    report: TokenizeReport
+    warnings: list[str]
+
+
+def tokenize_inputs(
+    inputs: Iterable[Any] | str | Path | None,
+    config: PackConfig,
+    workdir: Path,
+    *,
+    tokenizer: str | Path | TokenizerSpec | None = None,
+    split: str | None = None,
+    progress: Progress | None = None,
+) -> TokenizedInputs:
+    """Tokenize ``inputs`` as `pack_dataset` does, with the same token store reuse, and nothing else.
+
+    For tools that plan without writing packs (``tightpack plan``). A store that is not cached is
+    written under ``workdir``, which the caller removes. ``config`` decides the sample format and, by its
+    cap, the text budget of very long fields: give the largest pack size that will be planned.
+    """
+    config.validate()
+    spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
+    sources = open_sources(inputs, split=split)
+    warnings: list[str] = []
+    estimates = [source.estimated_rows for source in sources]
+    progress = progress or _NoProgress()
+    progress.begin("tokenize", None if None in estimates else sum(estimates))
+    report = _tokenize(sources, spec, config, workdir, progress, warnings, None)
+    progress.end()
+    return TokenizedInputs(spec, sources, report, warnings)
 
 
 def _pack(

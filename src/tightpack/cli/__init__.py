@@ -1,7 +1,7 @@
-"""The ``tightpack`` command line: ``pack``, ``inspect``, ``verify``, ``validate`` and ``calibrate``.
+"""The ``tightpack`` command line: ``pack``, ``plan``, ``inspect``, ``verify``, ``validate``, ``calibrate``.
 
-One module per group of commands (`pack_command`, `dataset_commands`, `calibrate_command`), all
-registered on the typer `app.app`; this module only runs it.
+One module per group of commands (`pack_command`, `plan_command`, `dataset_commands`,
+`calibrate_command`), all registered on the typer `app.app`; this module only runs it.
 
 User errors (`TightpackError`, bad options) print one line on stderr and exit with status 2; there is
 no traceback for them. Progress goes to stderr, results to stdout.
@@ -17,6 +17,7 @@ from tightpack.cli import (  # noqa: F401  (importing registers their commands)
     calibrate_command,
     dataset_commands,
     pack_command,
+    plan_command,
 )
 from tightpack.cli.app import app, stderr, stdout
 from tightpack.cli.pack_command import Interrupted

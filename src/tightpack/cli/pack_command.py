@@ -11,12 +11,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tightpack import pipeline
+from tightpack.cli import options
 from tightpack.cli.app import (
     DEMO_OUTPUT,
     DEMO_PACK_SIZE,
     OLDEST_TURNS,
     Algorithm,
-    ChatTruncation,
     Engine,
     Format,
     LongSamples,
@@ -28,7 +28,6 @@ from tightpack.cli.app import (
     stdout,
 )
 from tightpack.errors import TightpackError
-from tightpack.prepare import formats
 from tightpack.prepare.vision_rows import VisionSpec
 from tightpack.prepare.vision_sizes import VisionSizes
 
@@ -56,12 +55,7 @@ class _RichProgress:
 
 @app.command()
 def pack(
-    inputs: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="JSONL or Parquet files. None: the embedded default corpus (chitchat conversations)."
-        ),
-    ] = None,
+    inputs: options.Inputs = None,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="Output folder (default for the demo: ./packed-demo)."),
@@ -72,21 +66,13 @@ def pack(
     max_seq_length: Annotated[
         int | None, typer.Option(help="Per-sample cap in runtime tokens (default: the pack size).")
     ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(help="Hugging Face tokenizer folder or tokenizer.json (default: built-in GPT-2)."),
-    ] = None,
-    format: Annotated[Format, typer.Option("--format", help="Sample format.")] = Format.auto,
-    loss_on: Annotated[
-        LossOn, typer.Option(help="Chat loss: assistant turns, the last turn, or all tokens.")
-    ] = LossOn.assistant,
-    input_key: Annotated[str, typer.Option(help="Prompt key of prompt-completion rows.")] = "input",
-    output_key: Annotated[str, typer.Option(help="Completion key of prompt-completion rows.")] = "output",
-    prompt_template: Annotated[
-        str | None,
-        typer.Option(help='Prompt template, ending with the output key (default "{input} {output}").'),
-    ] = None,
-    algorithm: Annotated[Algorithm, typer.Option(help="Packing algorithm.")] = Algorithm.bfd,
+    tokenizer: options.TokenizerOption = None,
+    format: options.FormatOption = Format.auto,
+    loss_on: options.LossOnOption = LossOn.assistant,
+    input_key: options.InputKey = "input",
+    output_key: options.OutputKey = "output",
+    prompt_template: options.PromptTemplate = None,
+    algorithm: options.AlgorithmOption = Algorithm.bfd,
     balance_costs: Annotated[
         str | None,
         typer.Option(
@@ -94,38 +80,14 @@ def pack(
             "tightpack calibrate): moves sequences between packs, at most 0.1% more packs."
         ),
     ] = None,
-    pad_seq_to_mult: Annotated[
-        int | None, typer.Option(help="Per-sequence alignment multiple (or derive it from --tp/--cp/--sp).")
-    ] = None,
-    tp: Annotated[int, typer.Option(help="Tensor parallel size (for the alignment multiple).")] = 1,
-    cp: Annotated[int, typer.Option(help="Context parallel size (for the alignment multiple).")] = 1,
-    sp: Annotated[
-        bool, typer.Option("--sp", help="Sequence parallelism (for the alignment multiple).")
-    ] = False,
-    long_samples: Annotated[
-        LongSamples,
-        typer.Option(
-            help="Samples above the cap: truncate (trim the prompt, keep the answer), drop, or error."
-        ),
-    ] = LongSamples.truncate,
-    truncate_field: Annotated[
-        str | None,
-        typer.Option(
-            help="Prompt-completion: template fields trimmed first, comma-separated (default: the input "
-            "key; 'none': cut the sample at its end)."
-        ),
-    ] = None,
-    truncation_method: Annotated[
-        TruncationMethod,
-        typer.Option(help="Trim a field's end (right: keep its start) or its start (left: keep its end)."),
-    ] = TruncationMethod.right,
-    chat_truncation: Annotated[
-        ChatTruncation,
-        typer.Option(
-            help="Chat: drop the oldest rounds, then trim user text, keeping the system turn and the last "
-            "round (oldest-turns), or cut the end (end)."
-        ),
-    ] = OLDEST_TURNS,
+    pad_seq_to_mult: options.PadSeqToMult = None,
+    tp: options.Tp = 1,
+    cp: options.Cp = 1,
+    sp: options.Sp = False,
+    long_samples: options.LongSamplesOption = LongSamples.truncate,
+    truncate_field: options.TruncateField = None,
+    truncation_method: options.TruncationMethodOption = TruncationMethod.right,
+    chat_truncation: options.ChatTruncationOption = OLDEST_TURNS,
     pad_to_max_length: Annotated[
         bool, typer.Option("--pad-to-max-length", help="Record: collate every pack to the full pack size.")
     ] = False,
@@ -149,23 +111,13 @@ def pack(
             help="With --engine ray: 'auto' or host:port joins a running cluster; default: a local one."
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of first_fit_shuffle.")] = 0,
-    reuse: Annotated[
-        bool,
-        typer.Option(
-            "--reuse/--no-reuse",
-            help="Reuse the cached token store of the same inputs, tokenizer and format ($TIGHTPACK_CACHE).",
-        ),
-    ] = True,
-    skip_bad_lines: Annotated[
-        bool, typer.Option("--skip-bad-lines", help="Skip and count bad rows instead of stopping.")
-    ] = False,
+    seed: options.Seed = 0,
+    reuse: options.Reuse = True,
+    skip_bad_lines: options.SkipBadLines = False,
     output_format: Annotated[
         OutputFormat, typer.Option(help="parquet, or the legacy npy format.")
     ] = OutputFormat.parquet,
-    split: Annotated[
-        str | None, typer.Option(help="Split of a Hugging Face dataset dictionary saved to disk.")
-    ] = None,
+    split: options.Split = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing output folder.")
     ] = False,
@@ -227,15 +179,15 @@ def pack(
         reuse_store=reuse,
         skip_bad_lines=skip_bad_lines,
         output_format=output_format.value,
-        format=formats.FormatConfig(
-            format=format.value,
+        format=options.format_config(
+            format=format,
             input_key=input_key,
             output_key=output_key,
             prompt_template=prompt_template,
-            loss_on=loss_on.value,
-            truncate_fields=_fields(truncate_field),
-            truncation_method=truncation_method.value,
-            chat_truncation=chat_truncation.value,
+            loss_on=loss_on,
+            truncate_field=truncate_field,
+            truncation_method=truncation_method,
+            chat_truncation=chat_truncation,
             vision=_vision(vision_processor, vision, media_root, inputs),
         ),
     )
@@ -305,15 +257,6 @@ def _next_steps(result, config) -> str:
         + (", pad_cu_seqlens=true" if config.pad_cu_seqlens else ""),
     ]
     return "\n".join(lines)
-
-
-def _fields(option: str | None) -> tuple[str, ...] | None:
-    """``--truncate-field``: None (the default field), ``none`` (no field), or names separated by commas."""
-    if option is None:
-        return None
-    if option.strip().lower() == "none":
-        return ()
-    return tuple(name.strip() for name in option.split(",") if name.strip())
 
 
 def _print_summary(result) -> None:

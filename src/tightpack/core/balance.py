@@ -16,7 +16,14 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = ["balanced_steps", "deal_balanced", "deal_in_order", "regroup_generator", "straggler_overhead"]
+__all__ = [
+    "balanced_steps",
+    "deal_balanced",
+    "deal_in_order",
+    "epoch_rank_costs",
+    "regroup_generator",
+    "straggler_overhead",
+]
 
 _REGROUP_STREAM = 1
 """Third word of the regrouping generator's seed: ``(seed, epoch)`` alone seeds the samplers' shuffle."""
@@ -24,8 +31,7 @@ _REGROUP_STREAM = 1
 
 def _check(costs: np.ndarray, ranks: int) -> np.ndarray:
     """The costs as float64 ``[GBS]``, after every check on ``costs`` and ``ranks``."""
-    if isinstance(ranks, bool) or not isinstance(ranks, (int, np.integer)) or ranks < 1:
-        raise TightpackError(f"ranks must be a positive integer (the data-parallel size), got {ranks!r}")
+    _check_ranks(ranks)
     costs = np.asarray(costs, dtype=np.float64)
     if costs.ndim != 1:
         raise TightpackError(
@@ -37,6 +43,15 @@ def _check(costs: np.ndarray, ranks: int) -> np.ndarray:
             f"the global batch of {costs.size} packs is not divisible by ranks ({ranks}); "
             "use a global batch size that is a multiple of the data-parallel size"
         )
+    return _check_values(costs)
+
+
+def _check_ranks(ranks: int) -> None:
+    if isinstance(ranks, bool) or not isinstance(ranks, (int, np.integer)) or ranks < 1:
+        raise TightpackError(f"ranks must be a positive integer (the data-parallel size), got {ranks!r}")
+
+
+def _check_values(costs: np.ndarray) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(costs) | (costs < 0))
     if bad.size:
         raise TightpackError(
@@ -267,3 +282,58 @@ def straggler_overhead(rank_costs: np.ndarray) -> float:
     if total_mean == 0:
         return 0.0
     return float(rank_costs.max(axis=1).sum() / total_mean - 1.0)
+
+
+def epoch_rank_costs(
+    pack_costs: np.ndarray,
+    ranks: int,
+    global_batch_size: int,
+    *,
+    balanced: bool,
+    seed: int = 0,
+    epoch: int = 0,
+) -> np.ndarray:
+    """Each rank's cost at each step of one epoch, as the offline samplers deal the packs.
+
+    The epoch holds the packs of ``np.random.default_rng((seed, epoch)).permutation``, its last
+    ``total % GBS`` dropped, as ``PackedBatchSampler(dataloader_type="batch")`` and
+    ``BalancedPackedBatchSampler`` draw them. In order (``balanced=False``), rank ``d`` takes positions
+    ``d, d + DP, ...`` of each global batch; balanced, `balanced_steps` groups and deals them as
+    ``BalancedPackedBatchSampler(regroup=True)`` does. Numpy only, all ranks at once: what-if tools
+    (``tightpack plan``) simulate a run without its data loader.
+
+    Args:
+        pack_costs: float ``[packs]``, finite and ``>= 0``.
+        ranks: the data-parallel size ``DP``; must divide ``global_batch_size``.
+        global_batch_size: packs per optimizer step, all ranks together.
+        balanced: deal by cost, or in order.
+
+    Returns:
+        float64 ``[steps, ranks]``; no rows when the packs do not fill one global batch.
+
+    >>> costs = np.array([8.0, 1.0, 7.0, 1.0])
+    >>> epoch_rank_costs(costs, 2, 4, balanced=True).tolist()
+    [[9.0, 8.0]]
+    """
+    gbs = global_batch_size
+    if isinstance(gbs, bool) or not isinstance(gbs, (int, np.integer)) or gbs < 1:
+        raise TightpackError(f"global_batch_size must be a positive integer, got {gbs!r}")
+    _check_ranks(ranks)
+    costs = np.asarray(pack_costs, dtype=np.float64)
+    if costs.ndim != 1:
+        raise TightpackError(f"pack_costs must be [packs], got shape {costs.shape}")
+    _check_values(costs)
+    if gbs % ranks:
+        raise TightpackError(
+            f"global_batch_size ({gbs}) is not divisible by the data-parallel size ({ranks}); every rank "
+            "takes global_batch_size / DP packs per step"
+        )
+    steps, per_rank = len(costs) // gbs, gbs // ranks
+    if steps == 0:
+        return np.zeros((0, ranks))
+    order = np.random.default_rng((seed, epoch)).permutation(len(costs))[: steps * gbs]
+    epoch_costs = costs[order]
+    if not balanced:  # global batch s is positions [s * GBS, (s + 1) * GBS); rank d every DP-th of it
+        return epoch_costs.reshape(steps, per_rank, ranks).sum(axis=1)
+    dealt = balanced_steps(epoch_costs, ranks, per_rank, regroup_generator(seed, epoch))
+    return epoch_costs[dealt].sum(axis=2)

@@ -1,0 +1,159 @@
+"""``tightpack plan``: compare pack sizes at equal token slots per step, and recommend one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tightpack.cli import options
+from tightpack.cli.app import (
+    OLDEST_TURNS,
+    Algorithm,
+    Format,
+    LongSamples,
+    LossOn,
+    TruncationMethod,
+    app,
+    stderr,
+    stdout,
+)
+from tightpack.errors import TightpackError
+
+
+@app.command()
+def plan(
+    inputs: options.Inputs = None,
+    pack_sizes: Annotated[
+        str, typer.Option(help="Candidate pack sizes, comma-separated.")
+    ] = "2048,4096,8192,16384",
+    token_slots: Annotated[
+        int,
+        typer.Option(help="Tokens per optimizer step, all ranks (GBS x pack size, equal for every size)."),
+    ] = 65536,
+    dp: Annotated[int, typer.Option("--dp", help="Data-parallel size, for the straggler overhead.")] = 1,
+    cost_model: Annotated[
+        str,
+        typer.Option(
+            help="Cost model: a preset (llama-8b, llama-1b) or a JSON file from tightpack calibrate."
+        ),
+    ] = "llama-8b",
+    max_supervised_loss: Annotated[
+        float,
+        typer.Option(help="Largest share of supervised tokens a recommended size may lose to truncation."),
+    ] = 0.01,
+    tokenizer: options.TokenizerOption = None,
+    format: options.FormatOption = Format.auto,
+    loss_on: options.LossOnOption = LossOn.assistant,
+    input_key: options.InputKey = "input",
+    output_key: options.OutputKey = "output",
+    prompt_template: options.PromptTemplate = None,
+    algorithm: options.AlgorithmOption = Algorithm.bfd,
+    pad_seq_to_mult: options.PadSeqToMult = None,
+    tp: options.Tp = 1,
+    cp: options.Cp = 1,
+    sp: options.Sp = False,
+    long_samples: options.LongSamplesOption = LongSamples.truncate,
+    truncate_field: options.TruncateField = None,
+    truncation_method: options.TruncationMethodOption = TruncationMethod.right,
+    chat_truncation: options.ChatTruncationOption = OLDEST_TURNS,
+    workers: Annotated[int, typer.Option(help="Tokenization processes.")] = 1,
+    seed: options.Seed = 0,
+    reuse: options.Reuse = True,
+    skip_bad_lines: options.SkipBadLines = False,
+    split: options.Split = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the measures against pack size as a PNG (tightpack[plots]).")
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option(help="Write a self-contained HTML report (table and plots).")
+    ] = None,
+) -> None:
+    """Plan each pack size on one tokenization; compare fill, lost tokens, cost and balance; recommend."""
+    from tightpack.pack_config import PackConfig
+    from tightpack.pack_sizes import compare_pack_sizes
+
+    sizes = _sizes(pack_sizes)
+    config = PackConfig(
+        packed_sequence_size=max(sizes),
+        pad_seq_to_mult=pad_seq_to_mult,
+        tp=tp,
+        cp=cp,
+        sp=sp,
+        algorithm=algorithm.value,
+        seed=seed,
+        long_samples=long_samples.value,
+        workers=workers,
+        reuse_store=reuse,
+        skip_bad_lines=skip_bad_lines,
+        format=options.format_config(
+            format=format,
+            input_key=input_key,
+            output_key=output_key,
+            prompt_template=prompt_template,
+            loss_on=loss_on,
+            truncate_field=truncate_field,
+            truncation_method=truncation_method,
+            chat_truncation=chat_truncation,
+        ),
+    )
+    comparison = compare_pack_sizes(
+        inputs or None,
+        sizes,
+        token_slots=token_slots,
+        config=config,
+        tokenizer=tokenizer,
+        cost_model=cost_model,
+        data_parallel_size=dp,
+        max_supervised_loss=max_supervised_loss,
+        split=split,
+    )
+    if plot is not None or html is not None:
+        from tightpack import plots
+
+        if plot is not None:
+            plots.save_png(plots.plan_figure(comparison), plot)
+        if html is not None:
+            plots.write_html_report(
+                html, "tightpack plan", comparison.table(), [plots.plan_figure(comparison)]
+            )
+    if as_json:
+        print(json.dumps(comparison.to_dict(), indent=2))
+        return
+    header, *measures = comparison.table()
+    table = Table(title=_title(comparison))
+    for index, name in enumerate(header):
+        table.add_column(
+            name, style="bold" if index == 0 else None, justify="left" if index == 0 else "right"
+        )
+    for cells in measures:
+        table.add_row(*cells)
+    stdout.print(table)
+    stdout.print(f"recommended: {comparison.reason}", markup=False, highlight=False, soft_wrap=True)
+    for row in comparison.rows:
+        if row.note:
+            stderr.print(f"note: {row.pack_size}: {row.note}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise TightpackError(f"--pack-sizes must be integers separated by commas, got {text!r}") from None
+    if not sizes:
+        raise TightpackError("--pack-sizes is empty; give the candidates, e.g. --pack-sizes 2048,4096,8192")
+    return sizes
+
+
+def _title(comparison) -> str:
+    reused = " (token store reused)" if comparison.reused_store else ""
+    return (
+        f"{comparison.samples_in:,} samples, {comparison.token_slots:,} token slots per step, "
+        f"DP {comparison.data_parallel_size}, multiple {comparison.multiple}, cost model "
+        f"{comparison.cost_model['name']}; tokenize {comparison.seconds['tokenize']:.2f} s{reused}, "
+        f"plan {comparison.seconds['plan']:.2f} s"
+    )
