@@ -37,8 +37,8 @@ fuzz: $(VENV)/.installed-dev
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m hypothesis --hypothesis-show-statistics tests
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_planner.py

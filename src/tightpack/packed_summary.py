@@ -1,13 +1,16 @@
 """Summaries of packed datasets on disk: ours, Megatron-Bridge's Parquet, or legacy ``.npy``.
 
-Reads the rows column by column, one row group at a time, so any size summarizes in bounded memory.
-A tightpack output folder also has a manifest (settings, counts); a Megatron-Bridge output has
-neither, so the pack size is taken from ``--pack-size`` or from a metadata file when one is given.
+Reads the rows column by column, one row group at a time, into per-pack and per-sequence counts
+(`read_pack_arrays`; 8 bytes per sequence and 32 per pack, never the tokens), then summarizes them
+(`summarize_pack_arrays`); `tightpack.plots` draws the same arrays. A tightpack output folder also
+has a manifest (settings, counts); a Megatron-Bridge output has neither, so the pack size is taken
+from ``--pack-size`` or from a metadata file when one is given.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +22,20 @@ from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
 
-__all__ = ["summarize_packed"]
+__all__ = [
+    "PackArrays",
+    "pack_costs",
+    "read_metadata",
+    "read_pack_arrays",
+    "sequence_runtime",
+    "summarize_pack_arrays",
+    "summarize_packed",
+]
 
 
 def _row_batches(path: str):
     """Per row group: (stored length per row, sequences per row, label-aligned supervised tokens per row,
-    sum over the row's sequences of their squared runtime length)."""
+    runtime length of every sequence of those rows, row by row)."""
     if path.lower().endswith(".npy"):
         rows = legacy_npy.read_legacy_npy(path)
         stored = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
@@ -34,7 +45,7 @@ def _row_batches(path: str):
             stored,
             np.diff(start_offsets),
             np.array([int(np.asarray(r["loss_mask"]).sum()) for r in rows], dtype=np.int64),
-            _squared_runtime(
+            sequence_runtime(
                 stored, np.concatenate(starts) if starts else np.zeros(0, np.int64), start_offsets
             ),
         )
@@ -60,27 +71,107 @@ def _row_batches(path: str):
                 stored,
                 np.diff(start_offsets),
                 cumulative[mask_offsets[1:]] - cumulative[mask_offsets[:-1]],
-                _squared_runtime(stored, start_values, start_offsets),
+                sequence_runtime(stored, start_values, start_offsets),
             )
     except (OSError, pa.ArrowException) as error:
         raise TightpackError(f"{path}: cannot read row group {group} ({error})") from error
 
 
-def _squared_runtime(stored: np.ndarray, starts: np.ndarray, start_offsets: np.ndarray) -> np.ndarray:
-    """Per row, the sum of its sequences' squared runtime lengths (stored tokens - 1 each), float64.
+def sequence_runtime(stored: np.ndarray, starts: np.ndarray, start_offsets: np.ndarray) -> np.ndarray:
+    """Runtime length of every sequence (its stored tokens - 1, at least 0), int64, row by row.
 
-    ``starts`` holds every row's ``seq_start_id`` flat, ``start_offsets`` where each row's begin.
+    ``starts`` holds every row's ``seq_start_id`` flat, ``start_offsets`` where each row's begin; a
+    sequence ends where the next one of its row starts, the last one at the row's stored length.
 
-    >>> _squared_runtime(np.array([10, 4]), np.array([0, 6, 0]), np.array([0, 2, 3])).tolist()
-    [34.0, 9.0]
+    >>> sequence_runtime(np.array([10, 4]), np.array([0, 6, 0]), np.array([0, 2, 3])).tolist()
+    [5, 3, 3]
     """
-    counts = np.diff(start_offsets)
-    row_of_sequence = np.repeat(np.arange(len(stored)), counts)
+    row_of_sequence = np.repeat(np.arange(len(stored)), np.diff(start_offsets))
     ends = stored[row_of_sequence].copy()
     same_row = row_of_sequence[1:] == row_of_sequence[:-1]
     ends[:-1][same_row] = starts[1:][same_row]
-    runtime = np.maximum(ends - starts - 1, 0)
-    return np.bincount(row_of_sequence, weights=runtime.astype(np.float64) ** 2, minlength=len(stored))
+    return np.maximum(ends - starts - 1, 0)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: == on numpy fields is elementwise; compare by identity
+class PackArrays:
+    """What `read_pack_arrays` reads of a packed dataset, packs in file order.
+
+    Attributes:
+        path: the dataset as given (file, folder or glob).
+        files: the files read, in order.
+        manifest: the folder's manifest (`read_manifest`), or None (Megatron-Bridge output, a file).
+        runtime: runtime tokens per pack, int64 ``[packs]``: stored tokens minus one per sequence
+            (labels are the tokens shifted by one).
+        sequences: sequences per pack, int64 ``[packs]``.
+        supervised: label-aligned supervised tokens per pack, int64 ``[packs]``.
+        squared: sum over the pack's sequences of their squared runtime length, float64 ``[packs]``
+            (tokens squared: the attention work of the pack).
+        sequence_lengths: runtime length of every sequence, pack after pack, int64 ``[sum(sequences)]``.
+    """
+
+    path: str
+    files: tuple[str, ...]
+    manifest: dict[str, Any] | None
+    runtime: np.ndarray
+    sequences: np.ndarray
+    supervised: np.ndarray
+    squared: np.ndarray
+    sequence_lengths: np.ndarray
+
+
+def read_pack_arrays(path: str | Path) -> PackArrays:
+    """Read a packed dataset (file, folder or glob; ours, Megatron-Bridge's, or legacy ``.npy``) into
+    per-pack and per-sequence arrays, one row group at a time.
+
+    Raises:
+        TightpackError: on a bad manifest, a file that is missing, unreadable or lacks a column, or a
+            dataset with no row.
+    """
+    path = Path(path)
+    manifest = None
+    if path.is_dir() and (path / "manifest.json").is_file():
+        manifest = read_manifest(path / "manifest.json")
+    files = packed_dataset_files(path)
+    if not files[0].lower().endswith(".npy"):
+        check_shards(files, name=str(path))
+    stored, sequences, supervised, lengths = [], [], [], []
+    for file in files:
+        for row_stored, row_sequences, row_supervised, row_lengths in _row_batches(file):
+            stored.append(row_stored)
+            sequences.append(row_sequences)
+            supervised.append(row_supervised)
+            lengths.append(row_lengths)
+    stored, sequences, supervised, lengths = (
+        np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        for parts in (stored, sequences, supervised, lengths)
+    )
+    if len(stored) == 0:
+        raise TightpackError(f"packed dataset {str(path)!r} is empty (0 rows)")
+    pack_of_sequence = np.repeat(np.arange(len(stored)), sequences)
+    return PackArrays(
+        path=str(path),
+        files=tuple(files),
+        manifest=manifest,
+        runtime=stored - sequences,
+        sequences=sequences,
+        supervised=supervised,
+        squared=np.bincount(pack_of_sequence, weights=lengths.astype(np.float64) ** 2, minlength=len(stored)),
+        sequence_lengths=lengths,
+    )
+
+
+def pack_costs(arrays: PackArrays, model: CostModel) -> np.ndarray:
+    """Cost of each pack under ``model``, float64 ``[packs]``: the `CostModel` formula on the pack's
+    sums, ``linear * runtime + quadratic * squared + per_sequence * sequences``.
+
+    The one place a read dataset is priced: the summary's spread and the plot's cost per pack use it.
+    """
+    return (
+        model.linear * arrays.runtime
+        + model.quadratic * arrays.squared
+        + model.per_sequence * arrays.sequences
+    )
 
 
 _MANIFEST_KEYS = ("settings", "tokenizer", "counts", "sources")
@@ -102,6 +193,22 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
+def read_metadata(path: Path) -> list[dict]:
+    """The packing metadata of the reference (contract 2.6): a JSON list of objects, one per split.
+
+    A single object is read as a list of one. Raises `TightpackError` naming the file when it cannot
+    be read or is not that.
+    """
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TightpackError(f"{path}: not readable packing metadata ({error})") from error
+    entries = loaded if isinstance(loaded, list) else [loaded]
+    if not all(isinstance(entry, dict) for entry in entries):
+        raise TightpackError(f"{path}: packing metadata must be a JSON list of objects")
+    return entries
+
+
 def summarize_packed(
     path: str | Path, *, pack_size: int | None = None, cost_model: CostModel | str | Path | None = None
 ) -> dict[str, Any]:
@@ -111,53 +218,41 @@ def summarize_packed(
     sequence (labels are the tokens shifted by one). ``pack_size`` defaults to the manifest's. With a
     ``cost_model`` (a `CostModel`, a preset name or a JSON file), ``summary["cost"]`` gives the spread
     of pack cost under it: mean, max / mean and coefficient of variation.
+
+    ``read_pack_arrays`` then `summarize_pack_arrays`; call those two to keep the arrays (for plots).
     """
-    path = Path(path)
-    manifest = None
-    if path.is_dir() and (path / "manifest.json").is_file():
-        manifest = read_manifest(path / "manifest.json")
-        pack_size = pack_size or manifest["settings"]["packed_sequence_size"]
-    files = packed_dataset_files(path)
-    if not files[0].lower().endswith(".npy"):
-        check_shards(files, name=str(path))
     model = None if cost_model is None else CostModel.resolve(cost_model)  # before reading anything
-    stored, sequences, supervised, squares = [], [], [], []
-    for file in files:
-        for lengths, counts, labels, squared in _row_batches(file):
-            stored.append(lengths)
-            sequences.append(counts)
-            supervised.append(labels)
-            squares.append(squared)
-    stored = np.concatenate(stored) if stored else np.zeros(0, np.int64)
-    sequences = np.concatenate(sequences) if sequences else np.zeros(0, np.int64)
-    supervised = np.concatenate(supervised) if supervised else np.zeros(0, np.int64)
-    if len(stored) == 0:
-        raise TightpackError(f"packed dataset {str(path)!r} is empty (0 rows)")
-    runtime = stored - sequences
+    return summarize_pack_arrays(read_pack_arrays(path), pack_size=pack_size, cost_model=model)
+
+
+def summarize_pack_arrays(
+    arrays: PackArrays, *, pack_size: int | None = None, cost_model: CostModel | str | Path | None = None
+) -> dict[str, Any]:
+    """The summary of `summarize_packed` from arrays already read (`read_pack_arrays`)."""
+    model = None if cost_model is None else CostModel.resolve(cost_model)
+    manifest = arrays.manifest
+    if manifest is not None:
+        pack_size = pack_size or manifest["settings"]["packed_sequence_size"]
+    runtime, sequences = arrays.runtime, arrays.sequences
     summary: dict[str, Any] = {
-        "path": str(path),
-        "files": len(files),
-        "packs": len(stored),
+        "path": arrays.path,
+        "files": len(arrays.files),
+        "packs": len(runtime),
         "sequences": int(sequences.sum()),
         "runtime_tokens": int(runtime.sum()),
-        "supervised_tokens": int(supervised.sum()),
+        "supervised_tokens": int(arrays.supervised.sum()),
         "max_samples_per_pack": int(sequences.max()),
         "min_packed_length": int(runtime.min()),
         "max_packed_length": int(runtime.max()),
         "mean_packed_length": float(runtime.mean()),
-        "packing_factor": float(sequences.sum() / len(stored)),
+        "packing_factor": float(sequences.sum() / len(runtime)),
         "pack_size": pack_size,
     }
     if pack_size:
-        summary["efficiency"] = float(runtime.sum() / (len(stored) * pack_size))
+        summary["efficiency"] = float(runtime.sum() / (len(runtime) * pack_size))
         summary["over_pack_size"] = int((runtime > pack_size).sum())
     if model is not None:
-        costs = (
-            model.linear * runtime
-            + model.quadratic * np.concatenate(squares)
-            + model.per_sequence * sequences
-        )
-        spread = cost_spread(costs)
+        spread = cost_spread(pack_costs(arrays, model))
         summary["cost"] = {
             "model": model.to_dict(),
             "mean": spread.mean,

@@ -18,7 +18,8 @@ def inspect(
         str, typer.Argument(help="Packed dataset: folder, Parquet file or glob, or legacy .npy.")
     ],
     pack_size: Annotated[
-        int | None, typer.Option(help="Pack size, for the fill ratio when there is no manifest.")
+        int | None,
+        typer.Option(help="Pack size, for the fill ratio and the plots when there is no manifest."),
     ] = None,
     cost_model: Annotated[
         str | None,
@@ -28,17 +29,30 @@ def inspect(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the sequence lengths and the fill, sequences and cost per pack as a PNG "
+            "(tightpack[plots])."
+        ),
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option(help="Write a self-contained HTML report (summary and plots).")
+    ] = None,
 ) -> None:
-    """Summarize a packed dataset (ours or Megatron-Bridge's)."""
-    from tightpack.packed_summary import summarize_packed
+    """Summarize a packed dataset (ours or Megatron-Bridge's); --plot and --html draw it pack by pack."""
+    from tightpack.core.cost_model import CostModel
+    from tightpack.errors import TightpackError
+    from tightpack.packed_summary import read_pack_arrays, summarize_pack_arrays
 
-    summary = summarize_packed(path, pack_size=pack_size, cost_model=cost_model)
-    if as_json:
-        print(json.dumps(summary, indent=2))
-        return
-    table = Table(title=f"packed dataset {summary['path']}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
+    if plot is not None or html is not None:
+        from tightpack import plots
+
+        plots.require_matplotlib()  # before reading anything, as the cost model below
+    model = None if cost_model is None else CostModel.resolve(cost_model)
+    arrays = read_pack_arrays(path)  # read once: the plots draw the arrays the summary is made of
+    summary = summarize_pack_arrays(arrays, pack_size=pack_size, cost_model=model)
+    rows = []
     for key, value in summary.items():
         if key in ("path", "manifest", "cost"):
             continue
@@ -51,20 +65,42 @@ def inspect(
             if isinstance(value, int)
             else str(value)
         )
-        table.add_row(key.replace("_", " "), text)
+        rows.append((key.replace("_", " "), text))
     cost = summary.get("cost")
     if cost:
-        table.add_row("pack cost, mean", f"{cost['mean']:,.4g} {cost['model'].get('unit', '')}".rstrip())
-        table.add_row("pack cost, max / mean", f"{cost['max_over_mean']:.3f}")
-        table.add_row("pack cost, coefficient of variation", f"{cost['cv']:.3f}")
+        rows.append(("pack cost, mean", f"{cost['mean']:,.4g} {cost['model'].get('unit', '')}".rstrip()))
+        rows.append(("pack cost, max / mean", f"{cost['max_over_mean']:.3f}"))
+        rows.append(("pack cost, coefficient of variation", f"{cost['cv']:.3f}"))
     manifest = summary.get("manifest")
     if manifest:
         settings = manifest["settings"]
-        table.add_row("algorithm", str(settings.get("algorithm", "?")))
-        table.add_row("alignment multiple", str(settings.get("pad_seq_to_mult", "?")))
-        table.add_row("tokenizer", str(manifest["tokenizer"].get("name", "?")))
+        rows.append(("algorithm", str(settings.get("algorithm", "?"))))
+        rows.append(("alignment multiple", str(settings.get("pad_seq_to_mult", "?"))))
+        rows.append(("tokenizer", str(manifest["tokenizer"].get("name", "?"))))
         for key, value in manifest["counts"].items():
-            table.add_row(f"count {key.replace('_', ' ')}", f"{value:,}")
+            rows.append((f"count {key.replace('_', ' ')}", f"{value:,}"))
+    if plot is not None or html is not None:
+        if summary["pack_size"] is None:
+            raise TightpackError(
+                f"--plot and --html need the pack size and {summary['path']} has no manifest to give it; "
+                "pass it, e.g. --pack-size 4096"
+            )
+        settings = manifest["settings"] if manifest else {}  # no manifest: the cap is unknown
+        cap = settings.get("max_seq_length") or settings.get("packed_sequence_size")  # None means P
+        figure = plots.inspect_figure(arrays, pack_size=summary["pack_size"], cap=cap, cost_model=model)
+        if plot is not None:
+            plots.save_png(figure, plot)
+        if html is not None:
+            title = f"tightpack inspect {summary['path']}"
+            plots.write_html_report(html, title, [["packed dataset", summary["path"]], *rows], [figure])
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"packed dataset {summary['path']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for name, text in rows:
+        table.add_row(name, text)
     stdout.print(table)
 
 
@@ -112,16 +148,32 @@ def validate(
     config: Annotated[
         Path, typer.Argument(help="Training configuration (YAML): train, model, dataset, ... sections.")
     ],
+    packed: Annotated[
+        Path | None,
+        typer.Option(
+            help="Packed data to check instead of the configuration's packed_train/val_data_path: a "
+            "tightpack output folder, a Megatron-Bridge pack folder, or a Parquet file or glob."
+        ),
+    ] = None,
+    deep: Annotated[
+        bool, typer.Option("--deep", help="Read every packed row and hash every file (default: manifest).")
+    ] = False,
+    config_only: Annotated[
+        bool,
+        typer.Option("--config-only", help="Check the configuration alone, not the packed data it names."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Check a training configuration against every packing rule.
+    """Check a training configuration against every packing rule, and the packed data it points at.
 
     Prints the errors, the warnings and the derived values; exits 1 on an error, 2 on a bad file.
     """
-    from tightpack.config import load_config
-    from tightpack.config import validate as validate_config
+    from tightpack.stale_packs import format_report, validate_with_packed_data
 
-    report = validate_config(load_config(config))
-    print(json.dumps(report.to_dict(), indent=2) if as_json else report.format())
+    report, checked = validate_with_packed_data(config, packed=packed, deep=deep, config_only=config_only)
+    if as_json:
+        print(json.dumps({**report.to_dict(), "packed_data": checked.to_dict()}, indent=2))
+    else:
+        print(format_report(report, checked))
     if not report.ok:
         raise typer.Exit(1)

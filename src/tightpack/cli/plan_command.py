@@ -78,6 +78,10 @@ def plan(
     from tightpack.pack_sizes import compare_pack_sizes
 
     sizes = _sizes(pack_sizes)
+    if plot is not None or html is not None:
+        from tightpack import plots
+
+        plots.require_matplotlib()  # before the work, not after it
     config = PackConfig(
         packed_sequence_size=max(sizes),
         pad_seq_to_mult=pad_seq_to_mult,
@@ -113,14 +117,12 @@ def plan(
         split=split,
     )
     if plot is not None or html is not None:
-        from tightpack import plots
-
+        figure = plots.plan_figure(comparison)
         if plot is not None:
-            plots.save_png(plots.plan_figure(comparison), plot)
+            plots.save_png(figure, plot)
         if html is not None:
-            plots.write_html_report(
-                html, "tightpack plan", comparison.table(), [plots.plan_figure(comparison)]
-            )
+            notes = [f"recommended: {comparison.reason}"]
+            plots.write_html_report(html, "tightpack plan", comparison.table(), [figure], notes=notes)
     if as_json:
         print(json.dumps(comparison.to_dict(), indent=2))
         return

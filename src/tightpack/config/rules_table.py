@@ -57,8 +57,34 @@ def rules_table(rules: Iterable[Rule]) -> str:
     return "\n".join(rows)
 
 
+def data_rules_table() -> str:
+    """The Markdown table of the packed-data rules (`tightpack.stale_packs.DATA_RULES`).
+
+    >>> print(data_rules_table().splitlines()[2])  # doctest: +ELLIPSIS
+    | D1 | E/W | §2.1 | every packed path the configuration names ...
+    """
+    from tightpack.stale_packs import DATA_RULES  # a front-layer module that imports this package
+
+    rows = ["| Id | Severity | Contract | Rule |", "| --- | --- | --- | --- |"]
+    for rule in DATA_RULES:
+        severity = "/".join(severity[0].upper() for severity in rule.severities)
+        rows.append(f"| {rule.id} | {severity} | {rule.section} | {rule.summary} |")
+    return "\n".join(rows)
+
+
+_DATA_INTRO = """\
+With offline packing, `tightpack validate` also reads the packed data the configuration points at
+(`packed_train_data_path`, `packed_val_data_path`, `packed_metadata_path`, or `--packed DIR`) and checks it
+against the configuration (`tightpack.stale_packs`). A tightpack output folder's `manifest.json` records the
+settings the packs were made with, so by default no row is read; packs without a manifest (Megatron-Bridge's
+own) are checked on a fixed, seeded sample of rows; `--deep` reads every row and hashes every file. An
+error's fix is the `tightpack pack` command that re-packs for the configuration into a fresh output folder.
+"""
+
+
 def render() -> str:
-    """The whole of docs/validation-rules.md: introduction, rules in `validate`'s order, derived values."""
+    """The whole of docs/validation-rules.md: introduction, rules in `validate`'s order, derived values,
+    packed-data rules."""
     derived = ["| Id | Derived value |", "| --- | --- |"]
     derived += [f"| {rule_id} | {summary} |" for rule_id, summary in DERIVATIONS]
     sections = [
@@ -69,6 +95,9 @@ def render() -> str:
         "R11, R12 and R14 also set values, which the reference writes into the configuration. The report "
         'lists them under "derived values"; `ValidationReport.derived.overrides()` returns them.\n',
         "\n".join(derived) + "\n",
+        "## Packed data (D rules)\n",
+        _DATA_INTRO,
+        data_rules_table() + "\n",
     ]
     return "\n".join(sections)
 

@@ -22,14 +22,13 @@ arithmetic, so any size verifies in bounded memory. Checks:
   source row is either packed or accounted for (bad, dropped, no supervised token).
 """
 
-import json
 from pathlib import Path
 
 from tightpack.core.packed_index import check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
 from tightpack.output_folder import MANIFEST_NAME, METADATA_NAME
-from tightpack.packed_summary import read_manifest
+from tightpack.packed_summary import read_manifest, read_metadata
 from tightpack.verify.folder import check_coverage, check_manifest, check_metadata
 from tightpack.verify.report import VerifyReport, Violation
 from tightpack.verify.rows import Totals, check_rows, npy_rows, parquet_rows
@@ -81,13 +80,7 @@ def verify_packed(
     entries: list[dict] = []
     metadata_path = Path(metadata) if metadata else (folder / METADATA_NAME if folder else None)
     if metadata_path is not None and metadata_path.is_file():
-        try:
-            loaded = json.loads(metadata_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise TightpackError(f"{metadata_path}: not readable metadata ({error})") from error
-        entries = loaded if isinstance(loaded, list) else [loaded]
-        if not all(isinstance(entry, dict) for entry in entries):
-            raise TightpackError(f"{metadata_path}: metadata must be a JSON list of objects")
+        entries = read_metadata(metadata_path)
         settings["pack_size"] = (
             settings["pack_size"]
             or max((entry.get("pack_size") or 0 for entry in entries), default=0)

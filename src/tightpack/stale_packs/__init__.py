@@ -1,0 +1,119 @@
+"""Never train on stale packs: the packed data a training configuration points at, checked against it.
+
+`check_packed_data` reads the packed data of an offline-packing configuration (``--packed DIR``, or
+``dataset.offline_packing_specs.packed_train_data_path``, ``packed_val_data_path`` and
+``packed_metadata_path``) and reports, as `Finding` objects with rule ids ``D1``... (`DATA_RULES`;
+docs/validation-rules.md lists them), every way in which the packs no longer fit the configuration: pack
+size, alignment multiple, tokenizer, metadata, files changed after packing. It is cheap by default: a
+tightpack output folder's ``manifest.json`` records the settings the packs were made with, so no row is
+read; Megatron-Bridge's own packs (no manifest) are checked on a fixed, seeded sample of rows; ``deep``
+reads every row (`tightpack.verify.verify_packed`) and hashes every file.
+
+An error's fix is the full ``tightpack pack`` command that makes packs the configuration can train on,
+built from the manifest (sources, tokenizer) and the configuration (pack size, topology), into a fresh
+output folder: the reference's guidance after a topology change.
+
+The configuration rules live in `tightpack.config`; `validate_with_packed_data` joins both into one
+`ValidationReport` for ``tightpack validate CONFIG --packed DIR --deep``.
+
+Modules: `rules` (the D rules as data), `result` (what a check returns), `checker` (one run, split by
+split: paths, pack size, multiple, files, tokenizer), with its parts `rows` (sampled or every row),
+`metadata` (what ``pad_cu_seqlens`` reads) and `repack` (the fix command).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tightpack.config import TrainingConfig, ValidationReport, load_config, validate
+from tightpack.config.derive import derive, is_offline, packing_specs
+from tightpack.stale_packs.checker import _Checker
+from tightpack.stale_packs.result import PackedDataCheck, PackedSplit
+from tightpack.stale_packs.rules import DATA_RULES, SAMPLE_ROWS, DataRule
+
+__all__ = [
+    "DATA_RULES",
+    "SAMPLE_ROWS",
+    "DataRule",
+    "PackedDataCheck",
+    "PackedSplit",
+    "check_packed_data",
+    "format_report",
+    "validate_with_packed_data",
+]
+
+
+def validate_with_packed_data(
+    path: str | os.PathLike[str],
+    *,
+    packed: str | os.PathLike[str] | None = None,
+    deep: bool = False,
+    config_only: bool = False,
+) -> tuple[ValidationReport, PackedDataCheck]:
+    """``tightpack validate``: the configuration rules and the packed-data rules, in one report.
+
+    ``config_only`` skips the packed data (a configuration checked where its data is not mounted).
+
+    Raises:
+        TightpackError: the configuration, a manifest, a metadata file or a pack cannot be read.
+    """
+    config = load_config(path)
+    report = validate(config)
+    if config_only:
+        return report, PackedDataCheck((), notes=("not checked (--config-only)",))
+    raw = _read_yaml(Path(path))
+    checked = check_packed_data(config, packed=Path(packed) if packed else None, deep=deep, raw=raw)
+    joined = dataclasses.replace(report, findings=report.findings + checked.findings)
+    return joined, checked
+
+
+def format_report(report: ValidationReport, checked: PackedDataCheck) -> str:
+    """The report's text with the packed-data lines before its last line (the result)."""
+    lines = report.format().splitlines()
+    return "\n".join([*lines[:-1], *checked.lines(), lines[-1]])
+
+
+def check_packed_data(
+    config: TrainingConfig,
+    *,
+    packed: Path | None = None,
+    deep: bool = False,
+    raw: Mapping[str, Any] | None = None,
+) -> PackedDataCheck:
+    """Check the packed data ``config`` points at (or ``packed``) against it; see `DATA_RULES`.
+
+    Args:
+        config: the configuration (`tightpack.config.load_config`).
+        packed: a tightpack output folder, a Megatron-Bridge pack folder, or a Parquet file or glob; it
+            replaces the configuration's train and validation paths.
+        deep: read every row (`tightpack.verify.verify_packed`) and hash every file.
+        raw: the configuration as read from YAML, for the sections tightpack does not model
+            (``tokenizer``); None skips the ``tokenizer`` section.
+
+    Relative paths are taken from the current directory, as the training job does.
+
+    Raises:
+        TightpackError: a manifest, a metadata file or a pack exists but cannot be read.
+    """
+    specs = packing_specs(config.dataset)
+    if packed is None and (specs is None or not is_offline(config.dataset)):
+        return PackedDataCheck((), notes=("nothing to check: the configuration has no offline packing",))
+    named = [("train", specs.packed_train_data_path), ("val", specs.packed_val_data_path)] if specs else []
+    named = [(split, path) for split, path in named if path]
+    if packed is None and not named:
+        return PackedDataCheck(
+            (), notes=("nothing to check: no packed_train_data_path or packed_val_data_path (nor --packed)",)
+        )
+    return _Checker(config, derive(config), deep, raw or {}).run(packed, named)
+
+
+def _read_yaml(path: Path) -> Mapping[str, Any]:
+    """The configuration file as a mapping (load_config has read and checked it already)."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, Mapping) else {}

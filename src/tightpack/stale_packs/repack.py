@@ -1,0 +1,77 @@
+"""The fix of a stale pack: the ``tightpack pack`` command that makes packs the configuration can train on."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tightpack.config.derive import has_fixed_width
+from tightpack.core.alignment import alignment_multiple
+from tightpack.stale_packs.result import CheckedSplit
+from tightpack.stale_packs.rules import SPECS as _SPECS
+
+
+class Repack:
+    """`_Checker`'s re-pack commands (a mixin: it uses the checker's configuration, specs, k, raw YAML)."""
+
+    def _repack_fix(self, split: CheckedSplit) -> str:
+        command, output = self._repack_command(split)
+        where = f"{_SPECS}.{split.attr}" if split.attr else "the configuration's packed path"
+        configured = (self.specs.pad_seq_to_mult if self.specs else None) or 1
+        target = math.lcm(max(configured, 1), self.k)
+        also = f" and {_SPECS}.pad_seq_to_mult: {target}" if target != configured else ""
+        return f"Re-pack into a fresh output folder: {command}; then set {where}: {output}{also}."
+
+    def _repack_command(self, split: CheckedSplit) -> tuple[str, str]:
+        """The ``tightpack pack`` command for packs this configuration can train on, and its output."""
+        manifest = split.manifest or {}
+        words = ["tightpack", "pack"]
+        sources = [source.get("path") for source in manifest.get("sources", []) if source.get("path")]
+        if any("(embedded default)" in source for source in sources):
+            words.append("--demo")
+        else:
+            words += [shlex.quote(str(source)) for source in sources] or ["TRAINING.jsonl"]
+        tokenizer = _repack_tokenizer(manifest, self.raw)
+        if tokenizer:
+            words += ["--tokenizer", shlex.quote(tokenizer)]
+        model, specs = self.config.model, self.specs
+        configured = (specs.pad_seq_to_mult if specs else None) or 1
+        target = math.lcm(max(configured, 1), self.k)
+        tp, cp, sp = model.tensor_model_parallel_size, model.context_parallel_size, model.sequence_parallel
+        if target == alignment_multiple(tp=tp, cp=cp, sp=sp):
+            words += [f"--cp {cp}"] if cp > 1 else []
+            words += [f"--tp {tp}"] if tp > 1 and (sp or cp > 1) else []
+            words += ["--sp"] if sp and tp > 1 else []
+        else:
+            words.append(f"--pad-seq-to-mult {target}")
+        size = self.configured_p if self.configured_p and self.configured_p > 0 else split.pack_size
+        words.append(f"--pack-size {size}")
+        if specs and specs.max_single_sequence_length:
+            words.append(f"--max-seq-length {specs.max_single_sequence_length}")
+        if has_fixed_width(self.config.dataset):
+            words.append("--pad-to-max-length")
+        if self.pad_cu_seqlens:
+            words.append("--pad-cu-seqlens")
+        settings = manifest.get("settings", {})
+        if settings.get("algorithm") not in (None, "bfd"):
+            words.append(f"--algorithm {settings['algorithm']}")
+        if settings.get("seed"):
+            words.append(f"--seed {settings['seed']}")
+        base = split.folder if Path(split.path).is_dir() or split.manifest else Path(split.path).parent
+        output = f"{str(base).rstrip(os.sep)}-p{size}-m{target}"
+        words += ["--output", shlex.quote(output)]
+        return " ".join(words), output
+
+
+def _repack_tokenizer(manifest: Mapping[str, Any], raw: Mapping[str, Any]) -> str | None:
+    """The ``--tokenizer`` of the re-pack: the configuration's local tokenizer, else the manifest's."""
+    section = raw.get("tokenizer")
+    model = section.get("tokenizer_model") if isinstance(section, Mapping) else None
+    if isinstance(model, str) and Path(model).exists():
+        return model
+    name = manifest.get("tokenizer", {}).get("name")
+    return None if not name or name.endswith("(built-in)") else name

@@ -1,0 +1,183 @@
+"""The checks that read rows (D8): a seeded sample of packs without a manifest, every row with ``--deep``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tightpack.errors import TightpackError
+from tightpack.packed_summary import sequence_runtime
+from tightpack.stale_packs.result import CheckedSplit
+from tightpack.stale_packs.rules import SAMPLE_ROWS
+from tightpack.stale_packs.rules import SPECS as _SPECS
+
+_SAMPLE_SEED = 0
+
+
+class RowChecks:
+    """`_Checker`'s row checks (a mixin: it uses the checker's configuration, ``k`` and ``add``)."""
+
+    def _sample(self, split: CheckedSplit, *, report: bool) -> None:
+        """Without a manifest: a seeded sample of rows (all with ``deep``), for the metadata check (D6)
+        and, when ``report``, checked for alignment to k and for the width (D8)."""
+        sample = _sample_rows(split.files, None if self.deep else SAMPLE_ROWS)
+        split.rows, split.rows_read = sample.rows, sample.read
+        if sample.read == 0:
+            return
+        if split.pack_size is None:  # no metadata either: the longest row is all the packs tell
+            self.notes.append(
+                f"{split.name}: no manifest or metadata pack_size; the longest sampled row has "
+                f"{int(sample.loads.max())} runtime tokens"
+            )
+        split.stats = {
+            "max_samples_per_bin": int(sample.counts.max()),
+            "dataset_max_seqlen": int(sample.runtime.max()) if len(sample.runtime) else 0,
+            "min_packed_seqlen": int(sample.loads.min()),
+        }
+        if not report:
+            return
+        what = f"{sample.read:,} sampled rows of {sample.rows:,}"
+        bad = np.flatnonzero(sample.runtime % self.k != 0) if self.k > 1 else np.zeros(0, np.int64)
+        if len(bad):
+            first = bad[0]
+            aligned = int(np.gcd.reduce(sample.runtime[sample.runtime > 0])) if len(sample.runtime) else 1
+            self.add(
+                "D8",
+                "error",
+                f"{split.name} packs {split.path}: {len(bad):,} segments of {what} are not divisible by "
+                f"{self.k} ({self._origin()}); e.g. {sample.where(first)} has runtime length "
+                f"{int(sample.runtime[first])} (the sampled segments share the multiple {aligned}).",
+                self._repack_fix(split),
+            )
+        size = self.configured_p
+        if size and size > 0 and (sample.loads > size).any():
+            over = np.flatnonzero(sample.loads > size)
+            self.add(
+                "D8",
+                "error",
+                f"{split.name} packs {split.path}: {len(over):,} of {what} hold more than "
+                f"{_SPECS}.packed_sequence_size {size} runtime tokens (up to {int(sample.loads.max())}).",
+                self._repack_fix(split),
+            )
+
+    def _deep(self, split: CheckedSplit) -> None:
+        from tightpack.verify import verify_packed
+
+        # multiple=k checks every segment against 2*CP and CP*TP at once, so cp is not passed (it would
+        # report the same segments twice); the trailing width segment is T1's, from the configuration.
+        report = verify_packed(
+            split.path,
+            pack_size=self.configured_p if self.configured_p and self.configured_p > 0 else None,
+            multiple=self.k,
+        )
+        split.rows = split.rows_read = report.checked.get("rows", 0)
+        by_check: dict[str, list] = {}
+        for violation in report.violations:
+            by_check.setdefault(violation.check, []).append(violation)
+        for check, count in report.counts.items():
+            if check in ("manifest", "metadata") or (check == "alignment" and split.misaligned):
+                continue  # D9 checks the files (sha256 under deep), D5/D6 the metadata, D3 the multiple
+            first = by_check.get(check, [None])[0]
+            self.add(
+                "D8",
+                "error",
+                f"{split.name} packs {split.path}: {count:,} faults of the {check!r} check over every row "
+                f"(k = {self.k}, pack size {self.configured_p}); first: {first}",
+                self._repack_fix(split),
+            )
+
+
+@dataclass
+class _Sample:
+    """Rows read: per segment its runtime length and place (file, row, position); per row its runtime
+    tokens and sequence count."""
+
+    rows: int = 0
+    read: int = 0
+    runtime: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    loads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    places: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # per group read
+
+    def where(self, segment: int) -> str:
+        for file, rows, positions in self.places:
+            if segment < len(rows):
+                return f"{Path(file).name} row {int(rows[segment])} sequence {int(positions[segment])}"
+            segment -= len(rows)
+        raise IndexError(segment)
+
+
+def _sample_rows(files: list[str], budget: int | None) -> _Sample:
+    """Whole row groups in a fixed random order (seed 0) until ``budget`` rows are read (None: all)."""
+    groups = list(_row_groups(files))
+    sample = _Sample(rows=sum(rows for _, _, rows, _ in groups))
+    rng = np.random.default_rng(_SAMPLE_SEED)
+    runtime, loads, counts = [], [], []
+    for index in rng.permutation(len(groups)):
+        if budget is not None and sample.read >= budget:
+            break
+        file, group, _, first_row = groups[index]
+        lengths, starts, per_row = _read_group(file, group)
+        if budget is not None:
+            keep = min(len(lengths), budget - sample.read)
+            lengths, per_row = lengths[:keep], per_row[:keep]
+            starts = starts[: int(per_row.sum())]
+        offsets = np.concatenate(([0], np.cumsum(per_row))).astype(np.int64)
+        row_of_seq = np.repeat(np.arange(len(lengths)), per_row)
+        seq_runtime = sequence_runtime(lengths, starts, offsets)
+        runtime.append(seq_runtime)
+        loads.append(np.bincount(row_of_seq, weights=seq_runtime, minlength=len(lengths)).astype(np.int64))
+        counts.append(per_row)
+        sample.places.append((file, first_row + row_of_seq, np.arange(len(starts)) - offsets[row_of_seq]))
+        sample.read += len(lengths)
+    if sample.read:
+        sample.runtime = np.concatenate(runtime).astype(np.int64)
+        sample.loads, sample.counts = np.concatenate(loads), np.concatenate(counts).astype(np.int64)
+    return sample
+
+
+def _row_groups(files: list[str]) -> Iterator[tuple[str, int, int, int]]:
+    """(file, row group, rows, its first row in the file) of every row group; a ``.npy`` file is one."""
+    for file in files:
+        if file.lower().endswith(".npy"):
+            from tightpack.core import legacy_npy
+
+            yield file, 0, len(legacy_npy.read_legacy_npy(file)), 0
+            continue
+        import pyarrow.parquet as pq
+
+        metadata = pq.ParquetFile(file).metadata
+        first = 0
+        for group in range(metadata.num_row_groups):
+            rows = metadata.row_group(group).num_rows
+            yield file, group, rows, first
+            first += rows
+
+
+def _read_group(file: str, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stored length per row, seq_start_id values flat, sequences per row) of a row group."""
+    if file.lower().endswith(".npy"):
+        from tightpack.core import legacy_npy
+
+        rows = legacy_npy.read_legacy_npy(file)
+        starts = [np.asarray(row["seq_start_id"], dtype=np.int64).ravel() for row in rows]
+        return (
+            np.array([np.asarray(row["input_ids"]).size for row in rows], dtype=np.int64),
+            np.concatenate(starts) if starts else np.zeros(0, np.int64),
+            np.array([len(part) for part in starts], dtype=np.int64),
+        )
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tightpack.core.packed_index import flat_list_column
+
+    try:
+        table = pq.ParquetFile(file).read_row_group(group, columns=["input_ids", "seq_start_id"])
+    except (OSError, pa.ArrowException) as error:
+        raise TightpackError(f"{file}: cannot read row group {group} ({error})") from error
+    _, lengths = flat_list_column(table.column("input_ids"))
+    starts, per_row = flat_list_column(table.column("seq_start_id"))
+    return lengths.astype(np.int64), starts.astype(np.int64), per_row.astype(np.int64)
