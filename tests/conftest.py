@@ -13,8 +13,14 @@ loaded profile: 100k, or 3000k). A test without its own ``max_examples`` runs th
 
 from __future__ import annotations
 
+import importlib
+import io
 import json
 import os
+import sys
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +130,59 @@ def packed_chat(tmp_path, chat_rows) -> Path:
     config = PackConfig(packed_sequence_size=128, row_group_size=4, workers=1)
     pack_dataset([source], tmp_path / "out", config)
     return tmp_path / "out"
+
+
+# --- the command line in this process -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """What `run_main` returns: the fields of `subprocess.CompletedProcess` the tests read."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+#: Python's own warning filters, as a fresh process without ``-W`` has them (pytest's are stricter).
+_PROCESS_WARNING_IGNORES = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+def run_main(args, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> CliRun:
+    """``tightpack ARGS`` in this process: `tightpack.cli.main`, which the console script calls and whose
+    result is its exit status, with stdout and stderr captured, and ``env`` (plus ``COLUMNS=200`` and
+    ``NO_COLOR=1``), ``cwd`` and ``sys.argv`` set for the call only.
+
+    A subprocess costs a second or two of interpreter start-up and imports; this costs none. It shows
+    what a process with its output piped would: the rich consoles of `tightpack.cli.app` (made once, at
+    import) are 200 columns wide, colourless and not a terminal for the call, and Python warnings are
+    written to stderr under a fresh process's filters rather than collected by pytest. An exception
+    that would end the process with a traceback fails the test with it.
+
+    Not for what needs a process of its own: signals, worker pools (``--workers`` above 1 forks this
+    process), a changed interpreter start-up, or output that C code writes to the file descriptors.
+    """
+    from tightpack.cli import main
+
+    consoles = importlib.import_module("tightpack.cli.app")  # the module: the package's `app` is the Typer
+    argv = [str(arg) for arg in args]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        for name, value in {"COLUMNS": "200", "NO_COLOR": "1", **(env or {})}.items():
+            patch.setenv(name, value)
+        if cwd is not None:
+            patch.chdir(cwd)
+        patch.setattr(sys, "argv", ["tightpack", *argv])
+        for console in (consoles.stdout, consoles.stderr):
+            patch.setattr(console, "_width", 200)
+            patch.setattr(console, "_color_system", None)
+            patch.setattr(console, "_force_terminal", False)
+        warnings.simplefilter("default")
+        for category in _PROCESS_WARNING_IGNORES:
+            warnings.simplefilter("ignore", category)
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            code = main(argv)
+    for shown in caught:
+        stderr.write(warnings.formatwarning(shown.message, shown.category, shown.filename, shown.lineno))
+    return CliRun(argv, code, stdout.getvalue(), stderr.getvalue())

@@ -1,7 +1,11 @@
-"""The ``tightpack`` command line through a subprocess, as a person runs it.
+"""The ``tightpack`` command line, as a person runs it.
 
 Every user error must exit with status 2 and say what is wrong in one ``error:`` line, with no
 traceback. Runs use ``--workers 1`` (one with 2) and small inputs to stay quick on 2 cores.
+
+Most runs call its entry point in this process (`run_main`: the exit status and output of the command,
+without a second of interpreter start-up each); a subprocess runs what needs a process of its own: the
+console script and ``python -m tightpack.cli``, worker processes, Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,18 +24,24 @@ import pytest
 import tightpack
 from tightpack.core.cost_model import CostModel
 
-from .conftest import write_jsonl
+from .conftest import CliRun, run_main, write_jsonl
 
 PROGRESS_LINE = re.compile(r"^\s*(tokenize|plan|write)\b")
 
 
-def run_cli(*args, cwd: Path, executable: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args, cwd: Path) -> CliRun:
+    """``tightpack ARGS`` in ``cwd``, in this process."""
+    return run_main(args, cwd=cwd)
+
+
+def run_process(*args, cwd: Path, executable: list[str] | None = None) -> subprocess.CompletedProcess:
+    """``tightpack ARGS`` in ``cwd``, in a subprocess (default: ``python -m tightpack.cli``)."""
     command = (executable or [sys.executable, "-m", "tightpack.cli"]) + [str(a) for a in args]
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONIOENCODING": "utf-8"}
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
-def error_line(result: subprocess.CompletedProcess) -> str:
+def error_line(result: CliRun) -> str:
     """The single ``error:`` line of a user error; other stderr lines may only be progress bars."""
     assert result.returncode == 2, f"exit status {result.returncode}\n{result.stderr}"
     assert "Traceback" not in result.stderr, result.stderr
@@ -113,7 +123,8 @@ class TestPack:
         for workers in (1, 2):
             out = tmp_path / f"out{workers}"
             args = ("pack", corpus, "-o", out, "--pack-size", 128, "--workers", workers, "--no-reuse")
-            result = run_cli(*args, cwd=tmp_path)
+            # two workers are two processes forked from the command's: not from this one
+            result = (run_cli if workers == 1 else run_process)(*args, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
             assert "token store reused" not in result.stdout  # both runs tokenized
             digests.append(json.loads((out / "manifest.json").read_text())["files"])
@@ -432,13 +443,13 @@ class TestInspect:
 
 class TestVersion:
     def test_module(self, tmp_path):
-        result = run_cli("--version", cwd=tmp_path)
+        result = run_process("--version", cwd=tmp_path)
         assert (result.returncode, result.stdout) == (0, f"tightpack {tightpack.__version__}\n")
 
     def test_console_script(self, tmp_path):
         script = Path(sys.executable).parent / "tightpack"
         assert script.is_file(), f"console script missing next to {sys.executable}"
-        result = run_cli("--version", cwd=tmp_path, executable=[str(script)])
+        result = run_process("--version", cwd=tmp_path, executable=[str(script)])
         assert (result.returncode, result.stdout) == (0, f"tightpack {tightpack.__version__}\n")
 
 

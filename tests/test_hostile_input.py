@@ -1,11 +1,11 @@
 """Hostile input (issue 7 section 2): a corpus of bad inputs, each with the answer it must get.
 
-Every bad input is refused by the real command line (``main``, the console script's entry, in a
-process of its own) with exit status 2 and one ``error:`` line on stderr that names the problem
-and its location (file and line, or Parquet row), with no traceback and nothing written. With
-``--skip-bad-lines`` every skipped row is counted in the summary and listed in the manifest with its
-location and reason, and every row read ends up packed, skipped or excluded: nothing is lost
-silently.
+Every bad input is refused by the real command line (``main``, the console script's entry: the
+tables of cases in processes of their own, the other tests in this process) with exit status 2 and
+one ``error:`` line on stderr that names the problem and its location (file and line, or Parquet
+row), with no traceback and nothing written. With ``--skip-bad-lines`` every skipped row is counted
+in the summary and listed in the manifest with its location and reason, and every row read ends up
+packed, skipped or excluded: nothing is lost silently.
 
 Faults that ``inspect`` does not look for (metadata or manifest counts that disagree with the data)
 are `tightpack verify`'s job: those cases run both commands. Inputs are built in ``tmp_path``.
@@ -35,6 +35,8 @@ from tightpack.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenize import _parse
 
+from .conftest import CliRun, run_main
+
 VOCAB = 50257  # the built-in GPT-2
 GOOD = {"input": "question one", "output": "answer one"}
 CHAT = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello"}]}
@@ -47,13 +49,12 @@ LIST = pa.list_(pa.int64())
 # ------------------------------------------------------------------------------------------------
 
 
-def run_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "tightpack.cli", *map(str, args)]
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+def run_cli(*args, cwd: Path) -> CliRun:
+    """``tightpack ARGS`` in ``cwd``, in this process (`run_main`: no interpreter start-up per run)."""
+    return run_main(args, cwd=cwd)
 
 
-def assert_one_error_line(result: subprocess.CompletedProcess) -> str:
+def assert_one_error_line(result: CliRun | subprocess.CompletedProcess) -> str:
     """Exit 2, no traceback, nothing on stdout, and stderr exactly one ``error:`` line."""
     both = result.stdout + result.stderr
     assert "Traceback" not in both, both

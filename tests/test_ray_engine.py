@@ -23,7 +23,7 @@ from tightpack.pipeline import PackConfig, pack_dataset
 from tightpack.prepare import file_ranges
 from tightpack.prepare.sources import default_corpus, open_sources
 
-from .conftest import write_jsonl
+from .conftest import run_main, write_jsonl
 
 ray = pytest.importorskip("ray")
 
@@ -195,10 +195,9 @@ def test_a_killed_tokenizer_is_restarted_and_the_output_does_not_change(tmp_path
 
 def test_the_cli_runs_on_ray_and_refuses_a_ray_address_without_it(tmp_path):
     source = write_jsonl(tmp_path / "s.jsonl", [{"input": f"q {i}", "output": f"a {i}"} for i in range(50)])
-    run = [sys.executable, "-m", "tightpack.cli", "pack", str(source), "--pack-size", "64", "--no-reuse"]
-    refused = subprocess.run(
-        [*run, "-o", str(tmp_path / "x"), "--ray-address", "auto"], capture_output=True, text=True
-    )
+    run = ["pack", str(source), "--pack-size", "64", "--no-reuse"]
+    # in this process: the settings are refused before anything runs (`PackConfig.validate`)
+    refused = run_main([*run, "-o", str(tmp_path / "x"), "--ray-address", "auto"])
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "--ray-address needs --engine ray" in refused.stderr
 

@@ -22,7 +22,7 @@ import pytest
 from tightpack.errors import TightpackError
 from tightpack.prepare.tokenizer import MIN_VOCAB_SIZE, TokenizerSpec, load_tokenizer
 
-from .conftest import write_jsonl
+from .conftest import CliRun, run_main, write_jsonl
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -304,21 +304,33 @@ REUSE_ROWS = [
 ]
 
 
-def tightpack_pack(inputs: Path, output: Path, tokenizer: Path, *options: str, cache: Path, **env: str):
-    """``tightpack pack`` in a subprocess, with its own token store cache and token store reuse on
-    (unless ``options`` say ``--no-reuse``); ``env``: more environment variables."""
-    command = [str(TIGHTPACK), "pack", str(inputs), "-o", str(output), "--pack-size", "256"]
-    command += ["--tokenizer", str(tokenizer), "--workers", "1", "--reuse", *options]
-    env = {**os.environ, "TIGHTPACK_CACHE": str(cache), "COLUMNS": "200", "NO_COLOR": "1", **env}
+def pack_arguments(inputs: Path, output: Path, tokenizer: Path, *options: str) -> list[str]:
+    """``tightpack pack`` with token store reuse on (unless ``options`` say ``--no-reuse``)."""
+    arguments = ["pack", str(inputs), "-o", str(output), "--pack-size", "256"]
+    return [*arguments, "--tokenizer", str(tokenizer), "--workers", "1", "--reuse", *options]
+
+
+def tightpack_pack(inputs: Path, output: Path, tokenizer: Path, *options: str, cache: Path) -> CliRun:
+    """``tightpack pack`` with its own token store cache, run in this process (`run_main`: the same
+    exit status and output as the command, without a second of interpreter start-up per run). The
+    pipeline keeps no state between runs in one process: the token store cache lives on disk only."""
+    return run_main(pack_arguments(inputs, output, tokenizer, *options), env={"TIGHTPACK_CACHE": str(cache)})
+
+
+def tightpack_pack_process(inputs: Path, output: Path, tokenizer: Path, *options: str, cache: Path):
+    """The same through the real ``tightpack`` executable in a subprocess: for what only a process
+    shows (everything it writes to stderr, C libraries included)."""
+    command = [str(TIGHTPACK), *pack_arguments(inputs, output, tokenizer, *options)]
+    env = {**os.environ, "TIGHTPACK_CACHE": str(cache), "COLUMNS": "200", "NO_COLOR": "1"}
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 
-def store_reused(result: subprocess.CompletedProcess) -> bool:
+def store_reused(result: CliRun) -> bool:
     assert result.returncode == 0, result.stderr
     return "(token store reused)" in result.stdout
 
 
-def one_error_line(result: subprocess.CompletedProcess) -> str:
+def one_error_line(result: CliRun) -> str:
     """The one line of a user error: exit status 2, no traceback, nothing else on stderr."""
     assert result.returncode == 2, f"exit status {result.returncode}\n{result.stderr}"
     assert "Traceback" not in result.stderr, result.stderr
@@ -733,7 +745,8 @@ class TestSentencePiece:
 
         rows = [{"input": "Hey, how was your weekend?", "output": "Great, we went hiking!"}]
         inputs = write_jsonl(tmp_path / "rows.jsonl", rows)
-        result = tightpack_pack(
+        # The real executable, end to end: its whole stderr (transformers' loggers, C code) must be empty.
+        result = tightpack_pack_process(
             inputs, tmp_path / "out", sentencepiece_folder, "--no-reuse", cache=tmp_path / "c"
         )
         assert result.returncode == 0, result.stderr
@@ -760,21 +773,15 @@ class TestSentencePiece:
         ],
         ids=["sentencepiece", "protobuf", "both"],
     )
-    def test_missing_package_is_named_in_one_line(self, sentencepiece_folder, tmp_path, blocked, missing):
-        """A sitecustomize makes the packages unimportable in the command's process, as if absent."""
-        site = tmp_path / "site"
-        site.mkdir()
-        lines = ["import sys", *(f"sys.modules[{name!r}] = None" for name in blocked)]
-        (site / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    def test_missing_package_is_named_in_one_line(
+        self, sentencepiece_folder, tmp_path, blocked, missing, monkeypatch
+    ):
+        """A None in sys.modules makes the packages unimportable during the command, as if absent."""
+        for name in blocked:
+            monkeypatch.setitem(sys.modules, name, None)
         inputs = write_jsonl(tmp_path / "rows.jsonl", REUSE_ROWS[:1])
-        path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
         result = tightpack_pack(
-            inputs,
-            tmp_path / "out",
-            sentencepiece_folder,
-            "--no-reuse",
-            cache=tmp_path / "c",
-            PYTHONPATH=path,
+            inputs, tmp_path / "out", sentencepiece_folder, "--no-reuse", cache=tmp_path / "c"
         )
         line = one_error_line(result)
         assert line == (
