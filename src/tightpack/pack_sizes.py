@@ -17,6 +17,7 @@ trade-off in view.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import tempfile
 import time
@@ -232,11 +233,10 @@ def compare_pack_sizes(
     model_name = cost_model if isinstance(cost_model, str) else str(cost_model)
     with tempfile.TemporaryDirectory(prefix="tightpack-plan-") as work:
         workdir = Path(work)
-        clock = time.perf_counter()
         tokenized = tokenize_inputs(
             inputs, configs[sizes[-1]], workdir, tokenizer=tokenizer, split=split, progress=progress
         )
-        seconds = {"tokenize": time.perf_counter() - clock}
+        seconds = {"tokenize": tokenized.seconds}
         clock = time.perf_counter()
         report = tokenized.report
         rows, totals = [], {}
@@ -283,10 +283,11 @@ def _check_sizes(pack_sizes: Sequence[int], token_slots: int) -> list[int]:
         raise TightpackError(f"--token-slots must be a positive integer, got {token_slots!r}")
     uneven = [size for size in sizes if size < 1 or token_slots % size]
     if uneven:
+        common = math.lcm(*sizes)
         raise TightpackError(
             f"--token-slots {token_slots} is not a multiple of pack size {uneven[0]}: the candidates are "
             f"compared at equal tokens per step (GBS x P); use a multiple of every pack size, e.g. "
-            f"{np.lcm.reduce(sizes) * max(1, token_slots // int(np.lcm.reduce(sizes)))}"
+            f"{common * max(1, token_slots // common)}"
         )
     return sizes
 

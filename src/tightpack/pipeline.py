@@ -156,6 +156,7 @@ class TokenizedInputs:
     sources: list
     report: TokenizeReport
     warnings: list[str]
+    seconds: float
 
 
 def tokenize_inputs(
@@ -177,12 +178,12 @@ def tokenize_inputs(
     spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
     sources = open_sources(inputs, split=split)
     warnings: list[str] = []
+    times: dict[str, float] = {}
     estimates = [source.estimated_rows for source in sources]
     progress = progress or _NoProgress()
-    progress.begin("tokenize", None if None in estimates else sum(estimates))
-    report = _tokenize(sources, spec, config, workdir, progress, warnings, None)
-    progress.end()
-    return TokenizedInputs(spec, sources, report, warnings)
+    with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
+        report = _tokenize(sources, spec, config, workdir, progress, warnings, None)
+    return TokenizedInputs(spec, sources, report, warnings, times["tokenize"])
 
 
 def _pack(
