@@ -1,4 +1,4 @@
-"""Hugging Face transformers on packed rows: the keyword arguments, and a forward pass that is safe.
+"""Hugging Face transformers on packed rows: a forward pass that is safe, and its guards.
 
 transformers (5.x) finds the sequences of a packed row from ``position_ids`` (a new sequence wherever
 they do not increase by one) and builds a block-diagonal causal mask for eager, sdpa and flex
@@ -6,7 +6,9 @@ attention, but ONLY when no 2-D ``attention_mask`` is passed and no cache is use
 defaults to True even in training, and then attention silently crosses sequences (losses off by up to
 0.2, no error). `packed_forward` always passes ``use_cache=False`` and refuses a 2-D mask.
 Flash-attention kernels read ``cu_seq_lens_q/k`` and ``max_length_q/k`` instead (the names of
-transformers' flattening collator); the others accept and ignore them.
+transformers' flattening collator); the others accept and ignore them. State-space and convolution
+layers of hybrid models read ``seq_idx``; without their kernels transformers raises on it, which is
+the point of passing it (`tightpack.runtime.hf_kwargs`).
 
 Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) take ``position_ids`` of shape ``[4, B, L]``: row 0
 the text position restarting at every sequence, from which transformers finds the sequences, and
@@ -14,20 +16,37 @@ rows 1-3 the multimodal positions. With the usual ``[3, B, L]`` no packed mask i
 crosses sequences. `packed_forward` builds the four rows from a batch of
 `tightpack.runtime.vlm.pack_vlm_samples` and passes the visual tensors; it does not pass the
 ``cu_seq_lens`` keywords to them, which would also reach the vision tower's attention.
+
+Guards, in order: `check_packable` refuses what is known not to work (the attention implementation,
+model families in `tightpack.runtime.equivalence.architectures`, Qwen-VL without its positions);
+then, on the first packed row a model sees, `packed_forward` runs the equivalence probe
+(`tightpack.runtime.equivalence`), which asks the model itself whether a packed row is computed as
+its sequences alone; `check_packing` runs it on demand.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from tightpack.errors import TightpackError
-from tightpack.runtime import thd
+from tightpack.logs import logger
+from tightpack.runtime.equivalence.architectures import check_architecture
+from tightpack.runtime.equivalence.hf import ProbeReport, ProbeSkipped, check_packing, probe_enabled
+from tightpack.runtime.hf_kwargs import hf_packed_kwargs, hf_packed_vlm_kwargs, model_kwargs
 from tightpack.runtime.mrope import transformers_version
 
-__all__ = ["PACKED_ATTENTION", "check_packable", "hf_packed_kwargs", "hf_packed_vlm_kwargs", "packed_forward"]
+__all__ = [
+    "PACKED_ATTENTION",
+    "check_packable",
+    "check_packing",
+    "hf_packed_kwargs",
+    "hf_packed_vlm_kwargs",
+    "packed_forward",
+]
 
 # attention implementations that keep packed sequences apart when given positions and no 2-D mask:
 # eager, sdpa and flex build a block-diagonal mask from the positions, the flash kernels take the
@@ -35,66 +54,16 @@ __all__ = ["PACKED_ATTENTION", "check_packable", "hf_packed_kwargs", "hf_packed_
 PACKED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
 # Qwen-VL model types -> the first transformers release that reads row 0 of [4, B, L] positions
 _QWEN_VL_SINCE = {"qwen2_vl": (4, 54), "qwen2_5_vl": (4, 54), "qwen3_vl": (4, 57), "qwen3_vl_moe": (4, 57)}
-_VISUAL_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-
-
-def hf_packed_kwargs(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Model keyword arguments for one packed row of a THD batch (either layout or key schema).
-
-    Sequences are the physical segments (`tightpack.runtime.thd.physical_boundaries`): alignment
-    padding belongs to the sequence it follows and, being causal, never changes that sequence's outputs.
-
-    >>> import torch
-    >>> batch = {"tokens": torch.tensor([[5, 6, 7, 8]]), "position_ids": torch.tensor([[0, 1, 0, 1]]),
-    ...          "cu_seqlens_q": torch.tensor([[0, 2, 4]], dtype=torch.int32)}
-    >>> kwargs = hf_packed_kwargs(batch)
-    >>> kwargs["cu_seq_lens_q"].tolist(), kwargs["max_length_q"], kwargs["seq_idx"].tolist()
-    ([0, 2, 4], 2, [[0, 0, 1, 1]])
-    """
-    thd.check_thd_batch(batch)
-    tokens = thd.token_tensor(batch)
-    if tokens is None or tokens.dim() != 2 or tokens.shape[0] != 1:
-        shape = None if tokens is None else tuple(tokens.shape)
-        raise TightpackError(f"expects one packed row ([1, T] tokens), got shape {shape}")
-    bounds = thd.physical_boundaries(batch)
-    lengths = bounds.diff()
-    max_length = int(lengths.max())
-    seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), lengths.long())[None]
-    return {
-        "input_ids": tokens,
-        "position_ids": batch["position_ids"],
-        "cu_seq_lens_q": bounds,
-        "cu_seq_lens_k": bounds,
-        "max_length_q": max_length,
-        "max_length_k": max_length,
-        "seq_idx": seq_idx,
-    }
-
-
-def hf_packed_vlm_kwargs(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Qwen-VL keyword arguments for one packed row of `tightpack.runtime.vlm.pack_vlm_samples`.
-
-    ``position_ids`` is ``[4, 1, T]``: the text positions, then ``mrope_position_ids``. The visual
-    tensors the batch holds come along; ``second_per_grid_ts`` does not, as its only use is the
-    positions, which are given.
-    """
-    thd.check_thd_batch(batch)
-    mrope = batch.get("mrope_position_ids")
-    if not isinstance(mrope, torch.Tensor):
-        raise TightpackError(
-            "a packed Qwen-VL batch needs mrope_position_ids; build it with "
-            "tightpack.runtime.vlm.pack_vlm_samples(samples, QwenVLRope.from_config(model.config))"
-        )
-    tokens = thd.token_tensor(batch)
-    text = batch["position_ids"].to(mrope.dtype)
-    kwargs = {"input_ids": tokens, "position_ids": torch.cat([text[None], mrope], dim=0)}
-    return kwargs | {key: batch[key] for key in _VISUAL_INPUTS if batch.get(key) is not None}
+# models whose first packed row went through the probe (keyed weakly: a deleted model is forgotten)
+_PROBED: weakref.WeakKeyDictionary[torch.nn.Module, ProbeReport | None] = weakref.WeakKeyDictionary()
 
 
 def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
     """Refuse a model that would attend across packed sequences: an attention implementation outside
-    `PACKED_ATTENTION`, a Qwen-VL model without multimodal positions (``vlm=False``), multimodal
-    positions for another model or on a transformers release that cannot pack it (``vlm=True``).
+    `PACKED_ATTENTION`, a family the installed transformers cannot pack
+    (`tightpack.runtime.equivalence.architectures`), a Qwen-VL model without multimodal positions
+    (``vlm=False``), multimodal positions for another model or on a transformers release that cannot
+    pack it (``vlm=True``).
 
     Raises:
         TightpackError: naming the problem and the fix.
@@ -107,6 +76,7 @@ def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
             f"attention implementation {attention!r} does not keep packed sequences apart; load the model "
             f"with attn_implementation= one of {', '.join(PACKED_ATTENTION)}"
         )
+    check_architecture(model)
     model_type = getattr(config, "model_type", None)
     if not vlm:
         if model_type in _QWEN_VL_SINCE:
@@ -130,18 +100,28 @@ def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
         )
 
 
-def packed_forward(model: torch.nn.Module, batch: Mapping[str, Any], **kwargs: Any):
+def packed_forward(
+    model: torch.nn.Module, batch: Mapping[str, Any], *, probe: bool | None = None, **kwargs: Any
+):
     """Forward a transformers causal LM (or a Qwen-VL model) on one packed row without attention
     crossing sequences.
 
     A batch with ``mrope_position_ids`` (from `tightpack.runtime.vlm.pack_vlm_samples`) goes to a
-    Qwen-VL model with `hf_packed_vlm_kwargs`; other batches go with `hf_packed_kwargs`.
+    Qwen-VL model with `hf_packed_vlm_kwargs`; other batches go with `hf_packed_kwargs`
+    (`tightpack.runtime.hf_kwargs.model_kwargs`).
+
+    ``probe``: None (default) runs the equivalence probe on the first packed row each model sees
+    (unless ``TIGHTPACK_PROBE=0``), True on this call, False never. The probe costs five small forward
+    passes without gradients (a few hundred tokens).
 
     Raises:
         TightpackError: for ``use_cache=True`` or a 2-D ``attention_mask`` (with either, transformers
             attends across the packed sequences without any error), an attention implementation
-            outside `PACKED_ATTENTION`, a Qwen-VL model without multimodal positions (or positions
-            for another model), or a transformers release that cannot pack that Qwen-VL model.
+            outside `PACKED_ATTENTION`, a model family that cannot be packed, a Qwen-VL model without
+            multimodal positions (or positions for another model), or a transformers release that
+            cannot pack that Qwen-VL model.
+        PackingLeakError: the probe found that the model computes the packed row otherwise than its
+            sequences alone.
     """
     if kwargs.pop("use_cache", False):
         raise TightpackError("use_cache=True on a packed row makes attention cross sequences; drop it")
@@ -151,10 +131,27 @@ def packed_forward(model: torch.nn.Module, batch: Mapping[str, Any], **kwargs: A
             "a 2-D attention_mask on a packed row makes transformers ignore the sequence boundaries; "
             "pass none (position_ids carry the boundaries) or a 4-D block-diagonal mask"
         )
-    vlm = batch.get("mrope_position_ids") is not None
-    check_packable(model, vlm)
-    if vlm:
-        return model(**hf_packed_vlm_kwargs(batch), use_cache=False, **kwargs)
-    packed = hf_packed_kwargs(batch)
-    packed.pop("seq_idx")  # for state-space layers; attention-only models do not take it
-    return model(**packed, use_cache=False, **kwargs)
+    check_packable(model, batch.get("mrope_position_ids") is not None)
+    if probe or (probe is None and model not in _PROBED and probe_enabled()):
+        _PROBED[model] = _probe_call(model, batch, kwargs)
+    return model(**model_kwargs(model, batch), use_cache=False, **kwargs)
+
+
+def _probe_call(
+    model: torch.nn.Module, batch: Mapping[str, Any], kwargs: dict[str, Any]
+) -> ProbeReport | None:
+    """The probe of `packed_forward`'s call; None (with a warning) where it cannot be built."""
+    extra = {key: value for key, value in kwargs.items() if key != "labels"}
+    tensors = sorted(key for key, value in extra.items() if isinstance(value, torch.Tensor))
+    try:
+        if tensors:
+            raise ProbeSkipped(f"the call passes {', '.join(tensors)}, which the probe cannot rebuild")
+        return check_packing(
+            model,
+            batch,
+            model_kwargs=lambda model, probe: {**model_kwargs(model, probe), **extra},
+            hint="run one packed row through packed_forward(model, batch, probe=True) to check again",
+        )
+    except ProbeSkipped as skipped:
+        logger().warning("packing check skipped for %s: %s", type(model).__name__, skipped)
+        return None

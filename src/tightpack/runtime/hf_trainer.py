@@ -18,9 +18,11 @@ SFT rows (packed at collate time) into what transformers causal LMs take for pac
   ``attention_mask`` (a 2-D mask makes it ignore the sequence boundaries).
 
 `PackingCallback` checks the model when training starts: an attention implementation that would
-attend across sequences, or a Qwen-VL model (which needs `tightpack.runtime.hf.packed_forward`'s
-positions), stops the run with the fix. The collator itself stops at the first batch when
-``Trainer`` dropped the columns it needs (``remove_unused_columns=True`` on a ``datasets.Dataset``).
+attend across sequences, a model family that cannot be packed, or a Qwen-VL model (which needs
+`tightpack.runtime.hf.packed_forward`'s positions), stops the run with the fix; then the first
+training forward runs the equivalence probe on its batch (`tightpack.runtime.equivalence`). The
+collator itself stops at the first batch when ``Trainer`` dropped the columns it needs
+(``remove_unused_columns=True`` on a ``datasets.Dataset``).
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import torch
 from transformers import TrainerCallback
 
 from tightpack.errors import TightpackError
+from tightpack.logs import logger
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.runtime.collate import PackedCollate
-from tightpack.runtime.hf import check_packable, hf_packed_kwargs
+from tightpack.runtime.equivalence import ProbeReport, ProbeSkipped, probe_enabled
+from tightpack.runtime.equivalence.hf import packed_row_bounds
+from tightpack.runtime.hf import check_packable, check_packing, hf_packed_kwargs
 from tightpack.runtime.sft_collate import LossMode, TextSFTCollator
 
 __all__ = ["PackingCallback", "PackingCollator", "trainer_inputs"]
@@ -159,13 +164,47 @@ class PackingCollator:
 
 
 class PackingCallback(TrainerCallback):
-    """A ``transformers.TrainerCallback`` that checks the model when training starts.
+    """A ``transformers.TrainerCallback`` that proves packing on the model before it learns anything.
+
+    When training starts it refuses what is known not to work (`tightpack.runtime.hf.check_packable`:
+    an attention implementation that crosses sequences, a model family the installed transformers
+    cannot pack, a Qwen-VL model, whose packed rows need `tightpack.runtime.hf.packed_forward`'s
+    positions). Then the first training forward runs the equivalence probe
+    (`tightpack.runtime.equivalence`) on the batch it receives, before that forward and so before the
+    first optimizer step: a failure stops the run, a pass logs one line. ``report`` holds the
+    `ProbeReport` (None until the probe ran, or when it could not be built from the batch).
+
+    Args:
+        probe: run the probe (default True; the environment variable ``TIGHTPACK_PROBE=0`` turns it off
+            too).
 
     Raises:
-        TightpackError: for an attention implementation outside `PACKED_ATTENTION`, or a Qwen-VL model
-            (its packed rows need multimodal positions: `tightpack.runtime.hf.packed_forward`).
+        TightpackError: at the start of training, for what `check_packable` refuses.
+        PackingLeakError: at the first forward, when the probe fails.
     """
 
+    def __init__(self, probe: bool = True) -> None:
+        self.probe = probe
+        self.report: ProbeReport | None = None
+        self._hook: torch.utils.hooks.RemovableHandle | None = None
+
     def on_train_begin(self, args, state, control, model=None, **kwargs) -> None:
-        if model is not None:
-            check_packable(model)
+        if model is None:
+            return
+        check_packable(model)
+        if self.probe and probe_enabled() and self._hook is None:
+            self._hook = model.register_forward_pre_hook(self._probe_first_batch, with_kwargs=True)
+
+    def _probe_first_batch(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if packed_row_bounds(kwargs) is None:  # not packed (yet): wait for a packed row
+            return
+        self._hook.remove()  # before probing: the probe's own forwards must not come back here
+        self._hook = None
+        try:
+            self.report = check_packing(
+                model,
+                kwargs,
+                hint="check a batch again with tightpack.runtime.hf.check_packing(model, batch)",
+            )
+        except ProbeSkipped as skipped:
+            logger().warning("packing check skipped for %s: %s", type(model).__name__, skipped)
