@@ -10,6 +10,7 @@
 
 from tightpack.runtime.equivalence.architectures import check_architecture, unpackable_reason
 from tightpack.runtime.equivalence.hf import check_packing, probe_batch, probe_enabled, probe_model_inputs
+from tightpack.runtime.equivalence.megatron import check_mcore_packing
 from tightpack.runtime.equivalence.probe import (
     GAP_FRACTION,
     LEAK_FRACTION,
@@ -26,6 +27,7 @@ __all__ = [
     "ProbeReport",
     "ProbeSkipped",
     "check_architecture",
+    "check_mcore_packing",
     "check_packing",
     "probe_batch",
     "probe_enabled",

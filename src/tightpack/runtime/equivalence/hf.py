@@ -137,7 +137,13 @@ def _model_input_bounds(inputs: Mapping[str, Any], width: int) -> torch.Tensor:
 def _rebuild_inputs(inputs: Mapping[str, Any], row: torch.Tensor, lengths: Sequence[int]) -> dict[str, Any]:
     """The training forward's keyword arguments, rebuilt for the probe row ``[T']`` of ``lengths``."""
     width = int(inputs["input_ids"].shape[-1])
-    positions, bounds = _restarting_positions(lengths), _boundaries(lengths)
+    bounds = _boundaries(lengths)
+    # positions as the batch numbers them: restarting per sequence, or (a collator's mistake the probe
+    # must see, not repair) running on over the row
+    given = inputs.get("position_ids")
+    starts = _model_input_bounds(inputs, width)[:-1].long()
+    runs_on = isinstance(given, torch.Tensor) and bool((given.reshape(-1, width)[0].cpu()[starts] != 0).any())
+    positions = torch.arange(len(row)) if runs_on else _restarting_positions(lengths)
     rebuilt: dict[str, Any] = {}
     for key, value in inputs.items():
         if key in _DROPPED:
