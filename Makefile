@@ -48,6 +48,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_token_budget.py
 	$(PY) benchmarks/bench_online.py
 	$(PY) benchmarks/bench_mrope.py
+	$(PY) benchmarks/bench_probe.py
 	$(PY) benchmarks/bench_training.py
 
 clean:

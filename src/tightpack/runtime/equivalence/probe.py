@@ -26,7 +26,8 @@ On the targets' per-token log-probabilities (of each next token, as the loss rea
 The rule (`LEAK_FRACTION`, `GAP_FRACTION`): the probe passes when ``cross_sequence <= leak / 1000``
 and ``unpacked_gap <= contaminated_gap / 10``. Both bounds scale with what this model, in this dtype,
 shows for a real leak, so no tolerance is tuned per model: a correct packing measures 0 (and a gap of a
-few ulps), the leaks seen in practice measure 0.3% to 100% of the contaminated one.
+few ulps), the leaks observed on the test families measure about 3% to 100% of the contaminated
+one (docs/equivalence-probe.md).
 
 This module is the probe's arithmetic over two forward functions; `tightpack.runtime.equivalence.hf`
 and `tightpack.runtime.equivalence.megatron` give it the Hugging Face and Megatron-Core forwards.

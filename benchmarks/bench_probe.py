@@ -1,0 +1,83 @@
+"""What the equivalence probe costs, against one training step on the same packed row.
+
+A Llama (random init, float32, ``--hidden`` wide, ``--layers`` deep) gets one packed row of
+``--samples`` demo conversations from `tightpack.runtime.hf_trainer.PackingCollator`. In one process,
+interleaved over ``--rounds`` rounds (fastest kept for each):
+
+- ``step``: one training step on that row: forward, loss, backward, AdamW step (what every step pays);
+- ``probe``: `tightpack.runtime.equivalence.check_packing` on the same row: five forwards without
+  gradients on at most 128 + 3 x 32 tokens cut from it (what the first step pays once more).
+
+The probe's floor is those five forwards (about 4 x 224 + 96 tokens, no backward), so its ratio to a
+step falls as the row grows. Also prints the probe's figures (cross-sequence dependence, the calibrated
+leak) for the model.
+
+    .venv/bin/python benchmarks/bench_probe.py [--hidden 256] [--layers 4] [--samples 16] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.hf_training import small_tokenizer, tiny_llama  # noqa: E402
+from tightpack.prepare.sources import default_corpus  # noqa: E402
+from tightpack.runtime.equivalence import check_packing  # noqa: E402
+from tightpack.runtime.hf_trainer import PackingCollator  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rows = [row for chunk in default_corpus().read(0, 256) for row in chunk.parsed_rows()][:96]
+    tokenizer = small_tokenizer(rows)
+    batch = PackingCollator(tokenizer)(rows[: args.samples])
+    model = tiny_llama(tokenizer.vocab_size, hidden=args.hidden, layers=args.layers)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        model.train()
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    report = check_packing(model, batch)  # warm-up (and the figures)
+    step()
+    times: dict[str, list[float]] = {"step": [], "probe": []}
+    for _ in range(args.rounds):
+        for name, run in (("step", step), ("probe", lambda: check_packing(model, batch))):
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    best = {name: min(values) for name, values in times.items()}
+    result = {
+        "row_tokens": int(batch["input_ids"].shape[1]),
+        "sequences": int(len(batch["cu_seq_lens_q"]) - 1),
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "threads": torch.get_num_threads(),
+        "step_s": round(best["step"], 4),
+        "probe_s": round(best["probe"], 4),
+        "probe_per_step": round(best["probe"] / best["step"], 4),
+        "probe_tokens": report.tokens,
+        "cross_sequence": report.cross_sequence,
+        "calibrated_leak": report.leak,
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
