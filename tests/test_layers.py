@@ -13,11 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tightpack"
 
 # Each layer may import the layers after it in this list, never those before it.
 LAYERS = ("front", "runtime", "prepare", "core")
-SHARED = {
-    "tightpack",
-    "tightpack.errors",
-    "tightpack.logs",
-}  # the version, the one user-facing exception, the logger
+SHARED = {"tightpack", "tightpack.errors", "tightpack.logs"}  # the version, the one user-facing exception, the logger
 
 
 def layer_of(module: str) -> str:
