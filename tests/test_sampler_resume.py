@@ -249,3 +249,25 @@ def test_a_pass_state_at_the_end_of_its_epoch_finishes_that_epoch():
     assert list(restored) == []
     with pytest.raises(TightpackError, match="epoch must be an integer starting at or before 16"):
         restored.load_state_dict({"consumed_samples": 16, "epoch": 1})
+
+
+@pytest.mark.parametrize("name", ["batch", "balanced"])
+def test_two_ranks_with_prefetching_workers_resume_every_pack_exactly_once(name):
+    case, ranks = BY_NAME[name], 2
+
+    def loader(sampler):
+        return torch.utils.data.DataLoader(Echo(), batch_sampler=sampler, num_workers=2, collate_fn=list)
+
+    trained, states = [], []
+    for rank in range(ranks):
+        sampler = case(data_parallel_rank=rank, data_parallel_size=ranks)
+        batches = iter(loader(sampler))
+        trained += flat(next(batches) for _ in range(3))
+        states.append(sampler.state_dict(3 * GBS))  # every rank's loop counts the same 3 global steps
+        del batches
+    rest = []
+    for rank, state in enumerate(states):
+        resumed = case(data_parallel_rank=rank, data_parallel_size=ranks)
+        resumed.load_state_dict(state)
+        rest += flat(loader(resumed))
+    assert sorted(trained + rest) == list(range(TOTAL))
