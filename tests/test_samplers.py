@@ -74,11 +74,9 @@ def test_resume_from_consumed_samples_continues_the_same_stream(kind, extra, sto
 
     settings = {"dataloader_type": kind, "micro_batch_size": 3, "data_parallel_size": 2, "seed": 9, **extra}
     uninterrupted = stream(PackedBatchSampler(17, data_parallel_rank=1, **settings), 12)
-    first = PackedBatchSampler(17, data_parallel_rank=1, **settings)
-    head = stream(first, stop)
-    resumed = PackedBatchSampler(
-        17, data_parallel_rank=1, consumed_samples=first.consumed_samples, **settings
-    )
+    head = stream(PackedBatchSampler(17, data_parallel_rank=1, **settings), stop)
+    trained = stop * 6  # the loop's count: micro_batch_size 3 x 2 ranks (= the global batch) per step
+    resumed = PackedBatchSampler(17, data_parallel_rank=1, consumed_samples=trained, **settings)
     assert head + stream(resumed, 12 - stop) == uninterrupted
 
 

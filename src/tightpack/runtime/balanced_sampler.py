@@ -23,6 +23,7 @@ from tightpack.core.packed_index import PackedIndex
 from tightpack.core.row_costs import row_pack_costs
 from tightpack.errors import TightpackError
 from tightpack.runtime.dataset import PackedDataset
+from tightpack.runtime.resumable import array_checksum
 from tightpack.runtime.samplers import PackedBatchSampler
 
 __all__ = ["BalancedPackedBatchSampler", "pack_costs"]
@@ -65,8 +66,9 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
     micro_batch_size=1, ...)``: per epoch the permutation of ``np.random.default_rng((seed, epoch))``
     decides which packs the epoch's global batches hold (the last ``total % GBS`` dropped, or with
     ``drop_last=False`` a last global batch padded with ``-1``: a padding row, the last index with no
-    loss, costed as that index); ``consumed_samples`` counts the samples of all ranks and advances as
-    it yields, so a new sampler from a checkpoint's ``consumed_samples`` continues exactly. Each rank
+    loss, costed as that index); ``consumed_samples`` counts the samples of all ranks, as the
+    training loop counts them (a multiple of the global batch), so a new sampler from a checkpoint's
+    ``consumed_samples`` or `state_dict` continues exactly (`tightpack.runtime.resumable`). Each rank
     keeps the permutation's order among its own packs. Micro-batches hold one pack each (the offline
     path needs ``micro_batch_size`` 1), so a rank's ``GBS / DP`` indices are its micro-batches of a
     step. The balancing depends only on the costs, the seed and the epoch, so every rank computes the
@@ -92,8 +94,8 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
     Raises:
         TightpackError: costs that are not 1-D, empty, negative or non-finite; a global batch size
             that is not a positive multiple of the data-parallel size; or whatever `PackedBatchSampler`
-            rejects (rank outside the data-parallel size, negative ``consumed_samples``, fewer samples
-            than one global batch with ``drop_last``).
+            rejects (rank outside the data-parallel size, a ``consumed_samples`` that is negative or
+            not a multiple of the global batch, fewer samples than one global batch with ``drop_last``).
 
     The in-order dealing of ``batch`` would give rank 0 the packs costing 8 and 7 (15) and rank 1 those
     costing 1 and 1 (2); balanced, each gets one heavy and one light pack:
@@ -144,6 +146,9 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
                 f"({data_parallel_size}); every rank takes global_batch_size / data_parallel_size packs "
                 "per step, so use a multiple of the data-parallel size"
             )
+        self.pack_costs = costs
+        self.regroup = bool(regroup)
+        self._costs_checksum = array_checksum(costs)
         super().__init__(
             len(costs),
             dataloader_type="batch",
@@ -155,16 +160,22 @@ class BalancedPackedBatchSampler(PackedBatchSampler):
             seed=seed,
             drop_last=drop_last,
         )
-        self.pack_costs = costs
-        self.regroup = bool(regroup)
         self._by_cost: np.ndarray | None = None  # indices by decreasing cost, sorted when first needed
+
+    def resume_settings(self) -> dict:
+        """`PackedBatchSampler`'s, plus what the dealing depends on (the layout, the costs, regrouping)."""
+        return {
+            **super().resume_settings(),
+            "data_parallel_size": self.ranks,
+            "regroup": self.regroup,
+            "pack_costs_crc32": self._costs_checksum,
+        }
 
     def _batch(self, epoch: int, offset: int) -> Iterator[list[int]]:
         whole_steps = self.total_samples // self.step
         if self.regroup and offset < whole_steps * self.step:
             mine = self._regrouped_steps(epoch)[:, self.rank]  # [steps, GBS / DP]
-            # A consumed_samples inside a global batch (never written by this sampler) skips that batch.
-            for indices in mine[-(-offset // self.step) :]:
+            for indices in mine[offset // self.step :]:  # offset is a multiple of the global batch
                 yield indices.tolist()
             offset = whole_steps * self.step  # what is left is the padded last global batch, if any
         for positions in self._global_batches(epoch, offset):

@@ -12,9 +12,13 @@
   ``d, d + DP, ...``; the last global batch is dropped, or with ``drop_last=False`` padded with ``-1``
   (a padding row: `tightpack.runtime.dataset.PackedDataset` gives it a zero loss mask).
 
-Every sampler resumes from ``consumed_samples`` (samples consumed by all ranks together) and advances
-it as it yields, so iterating again continues where the last iteration stopped (the next epoch).
-Randomness comes only from ``np.random.default_rng((seed, epoch))``.
+Resuming (`tightpack.runtime.resumable`): the training loop owns the position, as in Megatron. Build
+the sampler with ``consumed_samples=`` (samples consumed by all ranks together) from the checkpoint
+and save ``sampler.state_dict(consumed_samples=<the loop's count>)``; the sampler never counts what a
+DataLoader drew ahead. A position must be a multiple of one step of all ranks (the global batch for
+``batch``, ``micro_batch_size × DP`` for ``single`` and ``cyclic``). A pass that runs to the end of its
+epoch moves the next ``iter()`` to the next epoch. Randomness comes only from
+``np.random.default_rng((seed, epoch))``.
 """
 
 from __future__ import annotations
@@ -31,19 +35,29 @@ from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import plan_packs
 from tightpack.errors import TightpackError
+from tightpack.runtime.resumable import ResumableSampler, array_checksum
 
 __all__ = ["PackedBatchSampler", "TokenBudgetBatchSampler"]
 
 DataloaderType = Literal["single", "cyclic", "batch"]
 
 
-class PackedBatchSampler:
+class PackedBatchSampler(ResumableSampler):
     """Indices for one data-parallel rank, step by step (use as a DataLoader ``batch_sampler``).
 
     >>> sampler = PackedBatchSampler(10, dataloader_type="single", micro_batch_size=2,
     ...                              data_parallel_rank=1, data_parallel_size=2)
     >>> list(sampler)
     [[2, 3], [6, 7]]
+
+    Resuming: the loop counts what it trained (here 2 steps of ``MBS × DP = 4`` samples) and saves it:
+
+    >>> state = sampler.state_dict(consumed_samples=4)
+    >>> resumed = PackedBatchSampler(10, dataloader_type="single", micro_batch_size=2,
+    ...                              data_parallel_rank=1, data_parallel_size=2)
+    >>> resumed.load_state_dict(state)
+    >>> list(resumed)
+    [[6, 7]]
     """
 
     def __init__(
@@ -71,8 +85,6 @@ class PackedBatchSampler:
             raise TightpackError(
                 f"data_parallel_rank {data_parallel_rank} is outside [0, {data_parallel_size})"
             )
-        if consumed_samples < 0:
-            raise TightpackError(f"consumed_samples must be >= 0, got {consumed_samples}")
         step = micro_batch_size * data_parallel_size
         if dataloader_type == "batch":
             if global_batch_size is None:
@@ -102,10 +114,73 @@ class PackedBatchSampler:
         self.micro_batch_size = micro_batch_size
         self.rank, self.ranks = data_parallel_rank, data_parallel_size
         self.step = step  # samples consumed by all ranks per yield
-        self.consumed_samples = consumed_samples
         self.seed = seed
         self.drop_last = drop_last
         self.data_sharding = data_sharding
+        self._start = self.checked_position(consumed_samples)
+
+    @property
+    def consumed_samples(self) -> int:
+        """Not readable: a DataLoader with workers draws ahead, so only the training loop knows it.
+
+        Setting it (or ``load_state_dict``) sets where the next ``iter()`` starts.
+        """
+        raise TightpackError(
+            f"{type(self).__name__} does not know what the training loop consumed: a DataLoader with "
+            "workers draws batches ahead of it. Count the samples in the loop (global batch per step) "
+            "and save sampler.state_dict(consumed_samples=<that count>), or pass it back as "
+            "consumed_samples= when building the sampler"
+        )
+
+    @consumed_samples.setter
+    def consumed_samples(self, value: int) -> None:
+        self._start = self.checked_position(value)
+
+    def state_dict(self, consumed_samples: int | None = None) -> dict:
+        """The resume state at ``consumed_samples``, the training loop's count (all ranks together).
+
+        Without it, the position the next ``iter()`` starts from (what torchdata's
+        ``StatefulDataLoader`` asks for; it saves the running pass's position next to it): in your own
+        checkpoint always pass the loop's count. Raises `TightpackError` for a position that is not a
+        multiple of one step (`checked_position`).
+        """
+        return self._state(consumed_samples)
+
+    @property
+    def position_unit(self) -> int:
+        return self.step
+
+    @property
+    def epoch_length(self) -> int:
+        return self.samples_per_epoch
+
+    def describe_unit(self) -> str:
+        if self.dataloader_type == "batch":
+            return f"the global batch ({self.step} samples, all ranks together)"
+        return (
+            f"one step of all ranks ({self.step} samples: micro_batch_size {self.micro_batch_size} x "
+            f"data_parallel_size {self.ranks})"
+        )
+
+    def is_final_position(self, position: int) -> bool:
+        return self.dataloader_type == "single" and position >= self.samples_per_epoch
+
+    def resume_settings(self) -> dict:
+        settings = {
+            "sampler": type(self).__name__,
+            "dataloader_type": self.dataloader_type,
+            "total_samples": self.total_samples,
+            "samples_per_step": self.step,
+        }
+        if self.dataloader_type == "cyclic":  # each rank's share depends on the layout and the seed
+            names = ("micro_batch_size", "data_parallel_size", "seed", "data_sharding")
+            values = (self.micro_batch_size, self.ranks, self.seed, self.data_sharding)
+        elif self.dataloader_type == "batch":  # rank-independent global batches: DP may change
+            names, values = ("seed", "drop_last"), (self.seed, self.drop_last)
+        else:
+            names, values = ("drop_last",), (self.drop_last,)
+        settings.update(zip(names, values, strict=True))
+        return settings
 
     @property
     def samples_per_epoch(self) -> int:
@@ -117,26 +192,17 @@ class PackedBatchSampler:
         return self.total_samples // self.step * self.step
 
     def __len__(self) -> int:
-        """Steps left in the current epoch (``single`` has one epoch only)."""
-        if self.dataloader_type == "single" and self.consumed_samples >= self.samples_per_epoch:
+        """Steps left in the epoch the next ``iter()`` starts in (``single`` has one epoch only)."""
+        if self.dataloader_type == "single" and self._start >= self.samples_per_epoch:
             return 0
-        return math.ceil(
-            (self.samples_per_epoch - self.consumed_samples % self.samples_per_epoch) / self.step
-        )
+        return super().__len__()
 
-    def __iter__(self) -> Iterator[list[int]]:
-        epoch, offset = divmod(self.consumed_samples, self.samples_per_epoch)
+    def epoch_steps(self, epoch: int, offset: int) -> Iterator[list[int]]:
         if self.dataloader_type == "single":
-            if epoch:
-                return
-            steps = self._single(offset)
-        elif self.dataloader_type == "cyclic":
-            steps = self._cyclic(epoch, offset)
-        else:
-            steps = self._batch(epoch, offset)
-        for indices in steps:
-            self.consumed_samples += self.step
-            yield indices
+            return iter(()) if epoch else self._single(offset)
+        if self.dataloader_type == "cyclic":
+            return self._cyclic(epoch, offset)
+        return self._batch(epoch, offset)
 
     def _permutation(self, size: int, epoch: int) -> np.ndarray:
         return np.random.default_rng((self.seed, epoch)).permutation(size)
@@ -171,7 +237,7 @@ class PackedBatchSampler:
             yield batch[self.rank :: self.ranks].tolist()
 
 
-class TokenBudgetBatchSampler:
+class TokenBudgetBatchSampler(ResumableSampler):
     """Micro-batches that each carry close to ``token_budget`` tokens, for collate-time packing.
 
     A fixed micro-batch size gives packed rows of wildly different lengths (a few short samples, or
@@ -195,11 +261,23 @@ class TokenBudgetBatchSampler:
             tokens only.
         micro_batches_per_step: micro-batches one rank runs per optimizer step (gradient
             accumulation); a step is ``DP`` times this many bins.
+        consumed_micro_batches: where to resume: the micro-batches each rank has trained, all
+            epochs together (optimizer steps x ``micro_batches_per_step``), as the training loop
+            counts them; a multiple of ``micro_batches_per_step``. Or `load_state_dict`.
 
     >>> sampler = TokenBudgetBatchSampler([5, 3, 2, 7, 4], token_budget=10, shuffle=False)
     >>> [sorted(batch) for batch in sampler]
     [[0, 4], [1, 3], [2]]
+
+    Resuming after the loop trained 2 micro-batches (the next epoch follows the rest of this one):
+
+    >>> resumed = TokenBudgetBatchSampler([5, 3, 2, 7, 4], token_budget=10, shuffle=False,
+    ...                                   consumed_micro_batches=2)
+    >>> [sorted(batch) for batch in resumed]
+    [[2]]
     """
+
+    position_name = "consumed_micro_batches"
 
     def __init__(
         self,
@@ -213,6 +291,7 @@ class TokenBudgetBatchSampler:
         data_parallel_size: int = 1,
         cost_model: CostModel | str | os.PathLike | None = None,
         micro_batches_per_step: int = 1,
+        consumed_micro_batches: int = 0,
     ) -> None:
         if not 0 <= data_parallel_rank < data_parallel_size:
             raise TightpackError(
@@ -236,25 +315,67 @@ class TokenBudgetBatchSampler:
         self.seed, self.shuffle = seed, shuffle
         self.rank, self.ranks = data_parallel_rank, data_parallel_size
         self.micro_batches_per_step = int(per_rank)
-        self.epoch = 0
+        self._plan_checksum = array_checksum(self.plan.order, self.plan.offsets)
+        self._start = self.checked_position(consumed_micro_batches)
 
-    def __len__(self) -> int:
-        """Micro-batches this rank yields per epoch."""
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` starts in; setting it starts the next ``iter()`` at its start."""
+        return self._start // self.epoch_length
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._start = self.checked_position(value * self.epoch_length)
+
+    def state_dict(self, consumed_micro_batches: int | None = None) -> dict:
+        """The resume state at ``consumed_micro_batches``, the training loop's count of one rank.
+
+        Without it, the position the next ``iter()`` starts from (what torchdata's
+        ``StatefulDataLoader`` asks for; it saves the running pass's position next to it).
+        """
+        return self._state(consumed_micro_batches)
+
+    @property
+    def position_unit(self) -> int:
+        return self.micro_batches_per_step
+
+    @property
+    def yield_size(self) -> int:
+        return 1
+
+    @property
+    def epoch_length(self) -> int:
+        """Micro-batches one rank yields per epoch."""
         step = self.ranks * self.micro_batches_per_step
         return len(self.plan) // step * self.micro_batches_per_step
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def describe_unit(self) -> str:
+        per_step = self.micro_batches_per_step
+        return f"micro_batches_per_step ({per_step} micro-batches per rank: one optimizer step)"
+
+    def resume_settings(self) -> dict:
+        return {
+            "sampler": type(self).__name__,
+            "micro_batches": len(self.plan),
+            "plan_crc32": self._plan_checksum,
+            "data_parallel_size": self.ranks,
+            "micro_batches_per_step": self.micro_batches_per_step,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "cost_balanced": self.costs is not None,
+        }
+
+    def epoch_steps(self, epoch: int, offset: int) -> Iterator[list[int]]:
         bins = np.arange(len(self.plan))
         if self.shuffle:
-            bins = np.random.default_rng((self.seed, self.epoch)).permutation(bins)
-        bins = bins[: len(self) * self.ranks]
+            bins = np.random.default_rng((self.seed, epoch)).permutation(bins)
+        bins = bins[: self.epoch_length * self.ranks]
         if self.costs is None:
             steps = bins.reshape(-1, self.micro_batches_per_step, self.ranks)
             mine = steps[:, :, self.rank].reshape(-1)  # rank d takes positions d, d + DP, ... of a step
         else:
-            rng = regroup_generator(self.seed, self.epoch)
+            rng = regroup_generator(self.seed, epoch)
             dealt = balanced_steps(self.costs[bins], self.ranks, self.micro_batches_per_step, rng)
             mine = bins[dealt[:, self.rank].reshape(-1)]
-        self.epoch += 1
-        for index in mine.tolist():
+        for index in mine[offset:].tolist():
             yield self.plan[index].tolist()
