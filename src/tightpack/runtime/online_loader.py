@@ -51,10 +51,9 @@ def check_loader_state(packer: OnlinePacker, state: dict[str, Any], num_workers:
 
     ``state`` is a ``StatefulDataLoader.state_dict()`` (``{}`` passes: nothing to resume). It must
     come from as many DataLoader workers (0: the main process), and each worker's packer state from
-    the same settings and data-parallel layout (`OnlinePacker.check_state`).
-
-    >>> check_loader_state(packer, saved, num_workers=4)  # doctest: +SKIP
-    TightpackError: the loader state was saved with num_workers=2 and is loaded with num_workers=4: ...
+    the same settings and data-parallel layout (`OnlinePacker.check_state`). For example, a state
+    saved with 2 workers and checked for 4 raises "the loader state was saved with num_workers=2 and
+    is loaded with num_workers=4: ...; resume with num_workers=2, ...".
     """
     if not state:
         return
