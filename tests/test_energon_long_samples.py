@@ -136,6 +136,8 @@ def test_drop_leaves_out_only_the_long_samples_and_lists_them(dataset, loader):
 
 
 def test_error_stops_the_run_even_when_energons_handler_ignores_errors(dataset, loader):
+    # No workers: after an error torch waits 5 s for each worker to shut down (with 2 workers the
+    # worker's FatalSampleError reaches the loop the same way).
     path, _ = dataset
     ignore = loader(path, 0, TextEncoder("error"), global_error_handler=lambda error, sample, sources: None)
     long_key = "|".join(LONG)  # Energon interleaves the shards: whichever long sample comes first
@@ -188,6 +190,16 @@ def test_the_selector_applies_the_policy_without_a_loader():
     packed = [encoder.pack_selected_samples(group) for group in groups]
     cut = next(p for p in packed if p.truncated)
     assert cut.truncated == ["long"] and len(cut.samples[0].input_ids) == CAP
+    image = PreparedSample(
+        __key__="image",
+        __restore_key__=(),
+        input_ids=torch.arange(1, 81),
+        pixel_values=torch.zeros(16, 6),
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+    )  # a cut could split its image: dropped even under truncate
+    groups = encoder.select_samples_to_pack([*buffer, image])
+    assert [p.dropped for p in map(encoder.pack_selected_samples, groups) if p.dropped] == [["image"]]
+    assert encoder.long_sample_counts == {"truncated": 2, "dropped": 1}
     encoder.long_samples = "error"
     with pytest.raises(LongSampleError, match="Sample long aligned sequence length 72 exceeds seq_length=64"):
         encoder.select_samples_to_pack(buffer)
