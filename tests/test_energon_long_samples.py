@@ -179,7 +179,7 @@ def test_resume_next_to_each_truncated_pack_is_exact(dataset, loader):
         assert uninterrupted[:cut] + tail == uninterrupted, cut
 
 
-def test_the_selector_applies_the_policy_without_a_loader():
+def test_the_selector_applies_the_policy_without_a_loader(caplog):
     encoder = TextEncoder("truncate")
     buffer = [
         PreparedSample(__key__=key, __restore_key__=(), input_ids=torch.arange(1, n + 1))
@@ -200,6 +200,13 @@ def test_the_selector_applies_the_policy_without_a_loader():
     groups = encoder.select_samples_to_pack([*buffer, image])
     assert [p.dropped for p in map(encoder.pack_selected_samples, groups) if p.dropped] == [["image"]]
     assert encoder.long_sample_counts == {"truncated": 2, "dropped": 1}
+    logged = [record.getMessage() for record in caplog.records if record.name == "tightpack"]
+    assert logged[-2:] == [
+        "sample long is 72 aligned tokens, above pack_size=64: truncated by long_samples='truncate' "
+        "(2 truncated in this process)",
+        "sample image is 80 aligned tokens, above pack_size=64: dropped (it has visual tensors, which a "
+        "cut could split) by long_samples='truncate' (1 dropped in this process)",
+    ]
     encoder.long_samples = "error"
     with pytest.raises(LongSampleError, match="Sample long aligned sequence length 72 exceeds seq_length=64"):
         encoder.select_samples_to_pack(buffer)

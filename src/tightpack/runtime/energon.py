@@ -256,9 +256,8 @@ class PackingTaskEncoderMixin:
     def _record_long_sample(self, sample: Any, aligned: int, action: str) -> None:
         kind = "truncated" if action == "truncate" else "dropped"
         self.long_sample_counts[kind] += 1
-        reason = (
-            " (it has visual tensors, which a cut could split)" if self.long_samples == "truncate" else ""
-        )
+        split = action == "drop" and self.long_samples == "truncate"  # a media sample, not cut
+        reason = " (it has visual tensors, which a cut could split)" if split else ""
         logger().warning(
             f"sample {_key(sample)} is {aligned} aligned tokens, above pack_size={self.pack_size}: "
             f"{kind}{reason} by long_samples={self.long_samples!r} "
