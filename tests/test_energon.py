@@ -124,9 +124,9 @@ def test_best_fill_is_a_deprecated_alias_of_fullest_first():
     assert groups == [["s5", "s3a", "s2"], ["s4", "s3b", "s3c"]]
 
 
-def test_a_sample_longer_than_the_pack_is_refused():
+def test_a_sample_longer_than_the_pack_is_refused_under_long_samples_error():
     encoder = Encoder()
-    encoder.pack_size = 8
+    encoder.pack_size, encoder.long_samples = 8, "error"
     with pytest.raises(ValueError, match=r"Sample long aligned sequence length 12 exceeds seq_length=8\."):
         encoder.select_samples_to_pack([sample("ok", 4), sample("long", 9)])
 

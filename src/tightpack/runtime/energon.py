@@ -27,6 +27,11 @@ one of ``STRATEGIES``:
   Bin Slack heuristic (Gupta and Ho, 1999) with an exact search. The last groups take what is left.
 - ``ffd`` is first-fit decreasing, as the reference.
 
+A sample longer than the pack never costs the others of its buffer (Energon's error handler would
+drop the whole buffer if the selector raised): ``long_samples`` cuts it (``truncate``, default),
+leaves it out (``drop``), both counted, or stops the run (``error``, a `LongSampleError` that
+Energon re-raises whatever its handler), as ``--long-samples`` and `OnlinePackConfig` do.
+
 ``best_fill`` is a deprecated alias of ``fullest_first`` (a ``FutureWarning`` says so): that name
 belongs to `tightpack.runtime.online`'s streaming strategy, which emits one fullest pack per step and
 keeps the leftovers for later, which Energon's selector cannot do (it must group the whole buffer).
@@ -39,31 +44,45 @@ keeps the leftovers for later, which Energon's selector cannot do (it must group
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
-from tightpack.core.alignment import ceil_to_multiple
+from tightpack.core.alignment import ceil_to_multiple, length_cap
 from tightpack.core.planner import plan_packs
 from tightpack.core.subset_fill import fill_groups
 from tightpack.errors import TightpackError, check_choice
+from tightpack.logs import logger
 from tightpack.runtime.in_batch import VISUAL_KEYS, pack_samples
 from tightpack.runtime.mrope import QwenVLRope
+from tightpack.runtime.online_config import LongSamples
 from tightpack.runtime.vlm import pack_vlm_samples
 
 try:
-    from megatron.energon import Sample, edataclass, stateless
+    from megatron.energon import Sample, SkipSample, edataclass, stateless
+    from megatron.energon.errors import FatalSampleError
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
         "tightpack.runtime.energon needs megatron-energon, which is not installed; "
         "install the extra with: pip install 'tightpack[energon]'"
     ) from error
 
-__all__ = ["STRATEGIES", "PackedSample", "PackingTaskEncoderMixin", "PreparedSample"]
+__all__ = ["STRATEGIES", "LongSampleError", "PackedSample", "PackingTaskEncoderMixin", "PreparedSample"]
 
 STRATEGIES = ("fullest_first", "ffd")
 _DEPRECATED_STRATEGIES = {"best_fill": "fullest_first"}  # old name: new name
+_PER_TOKEN_KEYS = ("input_ids", "labels", "loss_mask")
+
+
+class LongSampleError(TightpackError, FatalSampleError):
+    """A sample longer than the pack under ``long_samples = "error"``.
+
+    A `FatalSampleError` too: Energon's error handlers re-raise it (as a ``FatalSampleError`` with
+    this message) instead of logging it and dropping the buffer, so the run stops.
+    """
 
 
 @edataclass
@@ -85,9 +104,15 @@ class PreparedSample(Sample):
 
 @edataclass
 class PackedSample(Sample):
-    """One group chosen by the selector; ``__key__`` joins the member keys with commas."""
+    """One group chosen by the selector; ``__key__`` joins the member keys with commas.
+
+    ``truncated`` and ``dropped`` hold the keys of the members cut to the pack and of the samples
+    left out by the long-sample policy (``PackingTaskEncoderMixin.long_samples``).
+    """
 
     samples: list[PreparedSample]
+    truncated: list[str] = dataclasses.field(default_factory=list)
+    dropped: list[str] = dataclasses.field(default_factory=list)
 
 
 class PackingTaskEncoderMixin:
@@ -99,6 +124,14 @@ class PackingTaskEncoderMixin:
     deprecated alias of ``fullest_first``), ``pad_token_id``, ``ignore_index``, and for Qwen-VL
     models ``vlm_rope`` (``QwenVLRope.from_config(model_config)``). Members are `PreparedSample`
     objects, or any object with the same attributes.
+
+    ``long_samples`` says what happens to a sample whose aligned length exceeds ``pack_size``, as
+    in the offline and online paths, and never costs another sample: ``truncate`` (default) keeps
+    the longest aligned prefix that fits (a sample with visual tensors is dropped instead, as the
+    offline path does: a cut could split an image); ``drop`` leaves it out; ``error`` stops the run
+    with `LongSampleError`, whatever Energon's error handler. Truncated and dropped samples are
+    counted in ``long_sample_counts`` (this process's: each DataLoader worker has its own), logged
+    one line each, and listed in the batch of their pack (``truncated_keys``, ``dropped_keys``).
     """
 
     pack_size: int | None = None
@@ -108,6 +141,12 @@ class PackingTaskEncoderMixin:
     pad_token_id: int = 0
     ignore_index: int = -100
     vlm_rope: QwenVLRope | None = None
+    long_samples: LongSamples = "truncate"
+
+    @property
+    def long_sample_counts(self) -> dict[str, int]:
+        """``{"truncated": n, "dropped": m}``: long samples handled so far by this process's selector."""
+        return self.__dict__.setdefault("_long_sample_counts", {"truncated": 0, "dropped": 0})
 
     def _checked_settings(self) -> tuple[int, int]:
         """``(pack_size, pad_to_multiple_of)`` after checking every setting."""
@@ -124,6 +163,7 @@ class PackingTaskEncoderMixin:
             )
         if self.packing_strategy not in _DEPRECATED_STRATEGIES:
             check_choice(f"{type(self).__name__}.packing_strategy", self.packing_strategy, STRATEGIES)
+        check_choice(f"{type(self).__name__}.long_samples", self.long_samples, get_args(LongSamples))
         return size, multiple
 
     def _strategy(self) -> str:
@@ -146,18 +186,12 @@ class PackingTaskEncoderMixin:
     def packing_length(self, sample: Any) -> int:
         """Tokens a sample takes in a pack: its length rounded up to ``pad_to_multiple_of``.
 
-        Raises ValueError when that exceeds ``pack_size``. The selector checks every sample of the
-        buffer, and Energon's error handler then drops the whole buffer; call this in ``encode_sample``
-        (and raise ``SkipSample`` or let the error through) to lose only the offending sample.
+        Raises `TightpackError` when that exceeds ``pack_size``. The selector does not call it on
+        long samples: it applies ``long_samples`` to them. Call it in ``encode_sample`` (and raise
+        ``SkipSample``) to skip long samples there instead.
         """
-        size, multiple = self._checked_settings()
-        tokens = getattr(sample, "input_ids", None)
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or len(tokens) == 0:
-            raise TightpackError(
-                f"Sample {_key(sample)} needs a non-empty 1-D input_ids tensor for packing, got "
-                f"{_describe(tokens)}; return a PreparedSample from encode_sample"
-            )
-        aligned = ceil_to_multiple(len(tokens), multiple)
+        size, _ = self._checked_settings()
+        aligned = self._aligned_length(sample)
         if aligned > size:
             raise TightpackError(
                 f"Sample {_key(sample)} aligned sequence length {aligned} exceeds seq_length={size}. "
@@ -165,28 +199,102 @@ class PackingTaskEncoderMixin:
             )
         return aligned
 
+    def _aligned_length(self, sample: Any) -> int:
+        tokens = getattr(sample, "input_ids", None)
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or len(tokens) == 0:
+            raise TightpackError(
+                f"Sample {_key(sample)} needs a non-empty 1-D input_ids tensor for packing, got "
+                f"{_describe(tokens)}; return a PreparedSample from encode_sample"
+            )
+        return ceil_to_multiple(len(tokens), self.pad_to_multiple_of)
+
+    def _long_sample_action(self, sample: Any, aligned: int) -> Literal["truncate", "drop"]:
+        """What ``long_samples`` does with a sample of ``aligned`` tokens, above the pack.
+
+        Raises:
+            LongSampleError: under ``long_samples = "error"``.
+        """
+        if self.long_samples == "error":
+            raise LongSampleError(
+                f"Sample {_key(sample)} aligned sequence length {aligned} exceeds seq_length="
+                f"{self.pack_size}. long_samples='error' stops the run: truncate or skip it in "
+                "encode_sample, raise pack_size, or set long_samples to 'truncate' or 'drop'."
+            )
+        if self.long_samples == "drop" or any(getattr(sample, key, None) is not None for key in VISUAL_KEYS):
+            return "drop"
+        return "truncate"
+
     def select_samples_to_pack(self, samples: list[Any]) -> list[list[Any]]:
-        """Split the whole buffer into groups of at most ``pack_size`` aligned tokens, each sample in one."""
-        size, _ = self._checked_settings()
-        lengths = [self.packing_length(sample) for sample in samples]
+        """Split the whole buffer into groups of at most ``pack_size`` aligned tokens, each sample in one.
+
+        A sample longer than the pack takes the length it is cut to (``truncate``), or none
+        (``drop``: it rides in the first group, which leaves it out, so that its restore key goes
+        with a pack); ``error`` raises `LongSampleError`. The other samples are grouped as if it
+        were not there.
+        """
+        size, multiple = self._checked_settings()
+        fitting, lengths, dropped = [], [], []
+        for sample in samples:
+            aligned = self._aligned_length(sample)
+            if aligned > size:
+                action = self._long_sample_action(sample, aligned)
+                self._record_long_sample(sample, aligned, action)
+                if action == "drop":
+                    dropped.append(sample)
+                    continue
+                aligned = length_cap(size, multiple)
+            fitting.append(sample)
+            lengths.append(aligned)
         if self._strategy() == "ffd":
             groups = [group.tolist() for group in plan_packs(lengths, size, algorithm="ffd")]
         else:
             groups = fill_groups(lengths, size)
-        return [[samples[i] for i in group] for group in groups]
+        selected = [[fitting[i] for i in group] for group in groups] or [[]]
+        selected[0] += dropped
+        return [group for group in selected if group]
+
+    def _record_long_sample(self, sample: Any, aligned: int, action: str) -> None:
+        kind = "truncated" if action == "truncate" else "dropped"
+        self.long_sample_counts[kind] += 1
+        split = action == "drop" and self.long_samples == "truncate"  # a media sample, not cut
+        reason = " (it has visual tensors, which a cut could split)" if split else ""
+        logger().warning(
+            f"sample {_key(sample)} is {aligned} aligned tokens, above pack_size={self.pack_size}: "
+            f"{kind}{reason} by long_samples={self.long_samples!r} "
+            f"({self.long_sample_counts[kind]} {kind} in this process)"
+        )
 
     @stateless
     def pack_selected_samples(self, samples: list[Any]) -> PackedSample:
-        """Wrap one selected group; Energon assigns its restore key afterwards."""
+        """Wrap one selected group; Energon assigns its restore key afterwards.
+
+        Members longer than the pack are cut or left out here, by ``long_samples`` (the selector
+        only chose their place), so that a pack rebuilt from its restore key is the same.
+        """
         if not samples:
             raise TightpackError("Cannot pack an empty sample group.")
-        sources = tuple(src for sample in samples for src in (getattr(sample, "__sources__", None) or ()))
+        size, multiple = self._checked_settings()
+        members, truncated, dropped = [], [], []
+        for sample in samples:
+            aligned = self._aligned_length(sample)
+            if aligned > size:
+                if self._long_sample_action(sample, aligned) == "drop":
+                    dropped.append(str(sample.__key__))
+                    continue
+                sample = _truncated(sample, length_cap(size, multiple))
+                truncated.append(str(sample.__key__))
+            members.append(sample)
+        if not members:  # only dropped samples: Energon skips the pack
+            raise SkipSample()
+        sources = tuple(src for sample in members for src in (getattr(sample, "__sources__", None) or ()))
         return PackedSample(
-            __key__=",".join(str(sample.__key__) for sample in samples),
+            __key__=",".join(str(sample.__key__) for sample in members),
             __restore_key__=(),
             __subflavors__={},
             __sources__=sources or None,
-            samples=list(samples),
+            samples=members,
+            truncated=truncated,
+            dropped=dropped,
         )
 
     @stateless
@@ -219,8 +327,26 @@ class PackingTaskEncoderMixin:
         else:
             batch = pack_vlm_samples(rows, self.vlm_rope, **options)
         batch["keys"] = [member.__key__ for member in members]
+        for name, keys in (("truncated_keys", samples[0].truncated), ("dropped_keys", samples[0].dropped)):
+            if keys:
+                batch[name] = list(keys)
         batch["__restore_key__"] = ()
         return batch
+
+
+def _truncated(sample: Any, keep: int) -> Any:
+    """A copy of ``sample`` with its per-token tensors cut to the first ``keep`` tokens."""
+    cut = {
+        key: value[:keep]
+        for key in _PER_TOKEN_KEYS
+        if isinstance(value := getattr(sample, key, None), torch.Tensor)
+    }
+    if dataclasses.is_dataclass(sample):
+        return dataclasses.replace(sample, **cut)
+    copied = copy.copy(sample)
+    for key, value in cut.items():
+        setattr(copied, key, value)
+    return copied
 
 
 def _as_mapping(sample: Any) -> dict[str, Any]:

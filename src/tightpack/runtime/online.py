@@ -143,6 +143,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self.cost_model = config.resolved_cost_model  # None without a cost cap
         self.rank, self.world_size = rank, world_size
         self._resumed_shard: tuple[int, int] | None = None
+        self._resumed_after_pass = False  # loaded from a state saved once this shard's pass had ended
         self._reset()
 
     def _reset(self) -> None:
@@ -285,16 +286,29 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self.counts["tokens"] += tokens
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The packs of this shard, to the end of its pass over the stream.
+
+        A state saved once this shard's pass had ended (a DataLoader worker whose shard ran out while
+        the others went on) resumes to an empty pass: the pass it was in is over. The next ``iter()``
+        starts a new pass. Both that and the shard layout are decided at ``iter()``, not at the first
+        pack: a ``StatefulDataLoader`` calls ``iter()`` once when it loads a state (in each worker,
+        where a wrong layout then stops the loader before torchdata's own checks) and again when it
+        starts the next epoch.
+
+        Raises:
+            TightpackError: the state loaded was saved by another shard (`load_state_dict`).
+        """
         shard, shards = self.shard()
         if self._resumed_shard not in (None, (shard, shards)):
-            saved, saved_shards = self._resumed_shard
-            raise TightpackError(
-                f"the state was saved by shard {saved} of {saved_shards} (data-parallel ranks x DataLoader "
-                f"workers) and is loaded in shard {shard} of {shards}: resume with the same world size and "
-                "num_workers"
-            )
+            raise TightpackError(self._layout_message(self._resumed_shard, (shard, shards)))
+        if self._resumed_after_pass:
+            self._resumed_after_pass = False
+            return iter(())
         if self.exhausted:  # a new pass over a finite stream
             self._reset()
+        return self._packs(shard, shards)
+
+    def _packs(self, shard: int, shards: int) -> Iterator[dict[str, Any]]:
         stream = iter(self.source(shard + self.consumed * shards, shards))
         stream_open = True
         while True:
@@ -327,8 +341,24 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             "counts": dict(self.counts),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a `state_dict` saved with the same settings, shard layout and data."""
+    def _layout_message(self, saved: tuple[int, int], current: tuple[int, int]) -> str:
+        """Why a state saved by shard ``saved`` cannot continue in shard ``current`` (``(shard, shards)``)."""
+        workers_then, workers_now = saved[1] // self.world_size, current[1] // self.world_size
+        return (
+            f"the state was saved by shard {saved[0]} of {saved[1]} (DataLoader worker "
+            f"{saved[0] % workers_then} of {workers_then} on data-parallel rank {self.rank} of "
+            f"{self.world_size}) and is loaded in shard {current[0]} of {current[1]} (worker "
+            f"{current[0] % workers_now} of {workers_now}): each shard packs its own positions of the "
+            "stream, so another layout would repeat or skip samples; resume with the saved number of "
+            "DataLoader workers and data-parallel ranks, or start the epoch again without the state"
+        )
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Refuse (`TightpackError`) a `state_dict` saved with other settings or data-parallel layout.
+
+        `load_state_dict` runs it; `tightpack.runtime.online_loader.OnlineLoader` runs it in the main
+        process for every worker's state, before any worker starts.
+        """
         current, saved_settings = self._settings(), state["settings"]
         differences = {  # a setting absent on one side (the cost cap) is None there
             name: (saved_settings.get(name), current.get(name))
@@ -343,6 +373,14 @@ class OnlinePacker(torch.utils.data.IterableDataset):
                 f"cannot resume the online packer with different settings: {listed}; resume with the "
                 "saved ones"
             )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict` saved with the same settings, shard layout and data.
+
+        A state saved once this shard's pass had ended (``exhausted``) continues that pass, which
+        has nothing left: the next ``iter()`` yields nothing, the one after starts a new pass.
+        """
+        self.check_state(state)
         if (state["buffer"] or state["pending"]) and self.restore is None:
             raise TightpackError("load_state_dict needs restore(key) to prepare the buffered samples again")
 
@@ -364,6 +402,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self.buffer = [candidate(*saved) for saved in state["buffer"]]
         self.pending = [[candidate(*saved) for saved in group] for group in state["pending"]]
         self._resumed_shard = tuple(state["shard"])
+        self._resumed_after_pass = self.exhausted
         if self.config.strategy == "best_fill":  # what the next selection checks, as an input error here
             ordered = by_deadline(self.buffer, self.step, self.config.wait_limit)
             for rank, (slack, restored) in enumerate(ordered):
