@@ -27,10 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.hf_training import small_tokenizer, tiny_llama  # noqa: E402
-from tightpack.prepare.sources import default_corpus  # noqa: E402
-from tightpack.runtime.equivalence import check_packing  # noqa: E402
-from tightpack.runtime.hf_trainer import PackingCollator  # noqa: E402
+from tests.hf_training import small_tokenizer, tiny_llama
+
+from tightpack.prepare.sources import default_corpus
+from tightpack.runtime.equivalence import check_packing
+from tightpack.runtime.hf_trainer import PackingCollator
 
 
 def main() -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +15,10 @@ from megatron.energon import (  # noqa: E402
     SkipSample,
     TaskEncoder,
     TextSample,
-    WorkerConfig,
-    get_savable_loader,
-    get_train_dataset,
     stateless,
 )
 
+from tests.energon_data import savable_loaders, write_text_dataset  # noqa: E402
 from tightpack.errors import TightpackError  # noqa: E402
 from tightpack.runtime.energon import PackedSample, PackingTaskEncoderMixin, PreparedSample  # noqa: E402
 from tightpack.runtime.mrope import QwenVLRope  # noqa: E402
@@ -234,42 +229,13 @@ def dataset(tmp_path_factory) -> tuple[Path, dict[str, list[int]]]:
     root = tmp_path_factory.mktemp("energon")
     rng = np.random.default_rng(0)
     tokens = {f"s{i:03d}": rng.integers(1, 1000, int(rng.integers(1, 41))).tolist() for i in range(60)}
-    with webdataset.ShardWriter(str(root / "part-%04d.tar"), maxcount=15, verbose=0) as writer:
-        for key, ids in tokens.items():
-            writer.write({"__key__": key, "txt": " ".join(map(str, ids))})
-    prepare = [sys.executable, "-m", "megatron.energon.cli.main", "prepare", "--non-interactive"]
-    options = ["--split-ratio", "1,0,0", "--sample-type", "TextSample", "--no-progress"]
-    options += ["--field-map", json.dumps({"text": "txt"}), str(root)]
-    subprocess.run(prepare + options, check=True, capture_output=True, timeout=120)
-    return root, tokens
+    return write_text_dataset(root, tokens, shard_size=15), tokens
 
 
 @pytest.fixture
 def loader():
-    """``loader(path, workers, encoder, repeat=...)``: a savable Energon loader, closed at teardown.
-
-    A loader with workers that is left mid-epoch costs seconds when the garbage collector finally
-    shuts its workers down (inside whichever test runs then); closing its iterator avoids that.
-    """
-    made = []
-
-    def make(path: Path, workers: int, encoder: TextEncoder, *, repeat: bool = True):
-        data = get_train_dataset(
-            path,
-            batch_size=1,
-            shuffle_buffer_size=None,
-            max_samples_per_sequence=None,
-            task_encoder=encoder,
-            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
-            packing_buffer_size=BUFFER,
-            repeat=repeat,
-        )
-        made.append(get_savable_loader(data))
-        return made[-1]
-
-    yield make
-    for each in made:
-        iter(each).close()  # with workers, iter() returns the live epoch iterator
+    """``loader(path, workers, encoder, repeat=...)``: a savable Energon loader, closed at teardown."""
+    yield from savable_loaders(BUFFER, repeat=True)
 
 
 def check_pack(batch: dict, tokens: dict[str, list[int]]) -> None:

@@ -6,9 +6,6 @@ buffer, and the epoch ended normally with every sample of that buffer lost.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +18,11 @@ webdataset = pytest.importorskip("webdataset")
 from megatron.energon import (  # noqa: E402
     TaskEncoder,
     TextSample,
-    WorkerConfig,
-    get_savable_loader,
-    get_train_dataset,
     stateless,
 )
 from megatron.energon.errors import FatalSampleError  # noqa: E402
 
+from tests.energon_data import savable_loaders, write_text_dataset  # noqa: E402
 from tightpack.runtime.energon import LongSampleError, PackingTaskEncoderMixin, PreparedSample  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")
@@ -64,38 +59,13 @@ def dataset(tmp_path_factory) -> tuple[Path, dict[str, list[int]]]:
     for i in range(48):
         key = f"s{i:03d}"
         tokens[key] = rng.integers(1, 1000, LONG.get(key, int(rng.integers(1, 41)))).tolist()
-    with webdataset.ShardWriter(str(root / "part-%04d.tar"), maxcount=16, verbose=0) as writer:
-        for key, ids in tokens.items():
-            writer.write({"__key__": key, "txt": " ".join(map(str, ids))})
-    prepare = [sys.executable, "-m", "megatron.energon.cli.main", "prepare", "--non-interactive"]
-    options = ["--split-ratio", "1,0,0", "--sample-type", "TextSample", "--no-progress"]
-    options += ["--field-map", json.dumps({"text": "txt"}), str(root)]
-    subprocess.run(prepare + options, check=True, capture_output=True, timeout=120)
-    return root, tokens
+    return write_text_dataset(root, tokens, shard_size=16), tokens
 
 
 @pytest.fixture
 def loader():
     """``loader(path, workers, encoder, repeat=False, **config)``: a savable loader, closed at teardown."""
-    made = []
-
-    def make(path: Path, workers: int, encoder: TextEncoder, *, repeat: bool = False, **config):
-        data = get_train_dataset(
-            path,
-            batch_size=1,
-            shuffle_buffer_size=None,
-            max_samples_per_sequence=None,
-            task_encoder=encoder,
-            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers, **config),
-            packing_buffer_size=BUFFER,
-            repeat=repeat,
-        )
-        made.append(get_savable_loader(data))
-        return made[-1]
-
-    yield make
-    for each in made:
-        iter(each).close()
+    yield from savable_loaders(BUFFER, repeat=False)
 
 
 def members(batch: dict) -> dict[str, list[int]]:
