@@ -6,16 +6,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from PIL import Image
-from tokenizers import Tokenizer
 
 from tests.conftest import run_main, write_jsonl
-from tests.qwen_vl_models import VIDEO_SIZE, drawn_frame, tiny_model
+from tests.qwen_vl_models import drawn_frame, tiny_model
+from tests.vision_corpus import chat_row, processor_folder, vision_tokenizer
 from tightpack.prepare.tokenizer import load_tokenizer
 from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS
 from tightpack.runtime import thd
@@ -26,31 +25,6 @@ from tightpack.runtime.vision_packs import VisionPackedDataset, processor_media_
 
 PACK_SIZE = 256
 MULTIPLES = (1, 4, 8)
-
-
-def processor_folder(folder: Path) -> Path:
-    """A Qwen2.5-VL processor folder as ``save_pretrained`` writes it (image and video settings)."""
-    from transformers import Qwen2VLImageProcessorPil
-
-    Qwen2VLImageProcessorPil().save_pretrained(folder)
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
-    (folder / "video_preprocessor_config.json").write_text(json.dumps({"size": VIDEO_SIZE}))
-    return folder
-
-
-def vision_tokenizer(path: Path) -> Path:
-    """The built-in tokenizer with the Qwen-VL special tokens, saved as ``tokenizer.json``."""
-    backend = Tokenizer.from_str(load_tokenizer().backend_json)
-    backend.add_special_tokens(list(QWEN_VL_TOKENS.values()))
-    backend.save(str(path))
-    return path
-
-
-def chat_row(question: str, answer: str, picture: str | None = None) -> dict:
-    content: list[dict] = [{"type": "text", "text": question}]
-    if picture is not None:
-        content.insert(0, {"type": "image", "image": picture})
-    return {"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]}
 
 
 @pytest.fixture(scope="module")
