@@ -23,7 +23,7 @@ from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS
 from tightpack.prepare.vision_rows import MediaItem
 from tightpack.runtime.collate import PackedCollate
 from tightpack.runtime.mrope import QwenVLRope
-from tightpack.runtime.vision_packs import VisionPackedDataset, load_visuals, processor_media_loader
+from tightpack.runtime.vision_packs import VisionPackedDataset, processor_media_loader
 
 PACK_SIZE = 256
 BAD_LINE = 3
@@ -179,19 +179,26 @@ def test_a_failing_user_loader_names_the_files_and_pack(corpus, packed_copy):
         dataset[0]
 
 
-def test_the_loader_turns_pictures_by_their_exif_orientation(corpus, tmp_path):
-    """A 56 x 112 JPEG marked "rotate 90" is 112 x 56 to transformers' ``load_image``; the loader's
-    pixels and grid are the processor's on that picture."""
-    from transformers.image_utils import load_image
-
+def turned_jpeg(path: Path) -> Path:
+    """A 56 x 112 (height x width) JPEG marked "rotate 90": 112 x 56 to transformers' ``load_image``."""
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
-    Image.fromarray(drawn_frame(56, 112, 3)).save(tmp_path / "turned.jpg", exif=exif)
+    Image.fromarray(drawn_frame(56, 112, 3)).save(path, exif=exif)
+    return path
+
+
+def test_pictures_are_packed_and_loaded_upright(corpus, tmp_path):
+    """Packing sizes and the loader's pixels are the processor's on ``load_image``'s picture."""
+    from transformers.image_utils import load_image
+
+    (tmp_path / "media").mkdir()
+    picture = turned_jpeg(tmp_path / "media" / "turned.jpg")
     processor = image_processor(corpus)
-    expected = processor.image_processor(
-        images=[load_image(str(tmp_path / "turned.jpg"))], return_tensors="pt"
-    )
-    item = MediaItem("image", ("turned.jpg",), tuple(expected["image_grid_thw"][0].tolist()))
-    assert item.grid == (1, 8, 4)  # upright: 112 high, 56 wide
-    visual = load_visuals([item], processor_media_loader(processor, tmp_path))
-    assert torch.equal(visual["pixel_values"], expected["pixel_values"])
+    expected = processor.image_processor(images=[load_image(str(picture))], return_tensors="pt")
+    assert expected["image_grid_thw"].tolist() == [[1, 8, 4]]  # upright: 112 high, 56 wide
+    rows = [chat_row("Which way is up?", "This way.", "media/turned.jpg")]
+    done = pack(corpus, rows, tmp_path / "packs", "--media-root", tmp_path)
+    assert done.returncode == 0, done.stderr
+    batch = loader_of(corpus, tmp_path / "packs", processor_media_loader(processor, tmp_path))[0]
+    assert torch.equal(batch["image_grid_thw"], expected["image_grid_thw"])
+    assert torch.equal(batch["pixel_values"], expected["pixel_values"])

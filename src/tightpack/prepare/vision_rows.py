@@ -12,9 +12,9 @@ paths are taken from ``VisionSpec.media_root``; a ``file://`` prefix is allowed;
 absolute) that leads outside the media root is refused.
 
 `vision_row` decodes each file in full (so that a damaged file is the row's error now, not the
-training loader's), takes its size, computes the patch grid with
-`tightpack.prepare.vision_sizes.VisionSizes`, and replaces the part by the text the chat template
-writes for it (vision start, one placeholder token, vision end); `tightpack.prepare.vision_tokens`
+training loader's), takes its size upright (EXIF orientation applied, as the processors load it),
+computes the patch grid with `tightpack.prepare.vision_sizes.VisionSizes`, and replaces the part by
+the text the chat template writes for it (vision start, one placeholder token, vision end); `tightpack.prepare.vision_tokens`
 later widens each placeholder token to the item's tokens. The media go with the sample as `MediaItem`
 records (`media_json`), so a training-time loader can load them and check the grids.
 """
@@ -108,14 +108,15 @@ def _resolve(path: Any, spec: VisionSpec) -> tuple[str, Path]:
 
 
 def _picture_size(path: Path) -> tuple[int, int]:
-    """``(height, width)`` of a picture, decoded in full: a file that decodes only in part fails here,
-    when packing, instead of in the middle of a training epoch."""
-    from PIL import Image, UnidentifiedImageError
+    """``(height, width)`` of a picture as the processors see it (turned upright by its EXIF
+    orientation, as transformers' ``load_image`` does), decoded in full: a file that decodes only in
+    part fails here, when packing, instead of in the middle of a training epoch."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
         with Image.open(path) as image:
-            width, height = image.size
             image.load()
+            width, height = ImageOps.exif_transpose(image).size
     except FileNotFoundError:
         raise MediaError(f"media file {path} does not exist") from None
     except UnidentifiedImageError as error:
