@@ -29,7 +29,7 @@ MULTIPLES = (1, 4, 8)
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    """Twelve rows (text-only and JPEG/PNG images) packed by the command line at multiples 1, 4, 8."""
+    """Thirteen rows (text-only and JPEG/PNG images) packed by the command line at multiples 1, 4, 8."""
     root = tmp_path_factory.mktemp("vision-loader")
     (root / "media").mkdir()
     pictures = []
@@ -41,7 +41,7 @@ def packed(tmp_path_factory):
         chat_row(
             f"Question {i}?", " ".join(["It is a drawing."] * (1 + i % 4)), pictures[i % 3] if i % 4 else None
         )
-        for i in range(12)
+        for i in range(13)
     ]
     write_jsonl(root / "rows.jsonl", rows)
     tokenizer, processor = vision_tokenizer(root / "tokenizer.json"), processor_folder(root / "processor")
