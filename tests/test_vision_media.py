@@ -106,6 +106,20 @@ def test_skip_bad_lines_skips_and_counts_media_problems(corpus, tmp_path, proble
     assert re.search(reason, bad["reason"]), bad["reason"]
 
 
+def test_decompression_bombs_are_bad_rows(corpus, tmp_path, monkeypatch):
+    """PIL refuses pictures over twice its pixel limit, lowered here so that picture2 (84 x 84) is over
+    it and the others (at most 56 x 84) are not: the inserted row and the good row of picture2 are bad."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 84 * 84 // 3)
+    done = pack(corpus, with_bad_row(corpus, "media/picture2.jpg"), tmp_path / "packs", "--skip-bad-lines")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "packs" / "manifest.json").read_text())
+    assert [bad["location"].rsplit(":", 1)[1] for bad in manifest["bad_rows"]] == [str(BAD_LINE), "4"]
+    assert all(
+        "cannot be decoded" in bad["reason"] and "picture2.jpg" in bad["reason"]
+        for bad in manifest["bad_rows"]
+    )
+
+
 def test_absolute_paths_inside_the_media_root_pack(corpus, tmp_path):
     rows = with_bad_row(corpus, str(corpus.root / "media" / "picture0.jpg"))
     done = pack(corpus, rows, tmp_path / "packs")
@@ -167,6 +181,10 @@ def test_media_damaged_after_packing_names_the_file_and_pack(corpus, packed_copy
         dataset[1]
     with pytest.raises(TightpackError, match=rf"^pack 0 .*{deleted} does not exist"):
         dataset[0]
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    with pytest.raises(TightpackError, match=rf"pack 0 .*{deleted} does not exist"):  # through a worker
+        next(iter(StatefulDataLoader(dataset, batch_size=None, num_workers=1)))
 
 
 def test_a_failing_user_loader_names_the_files_and_pack(corpus, packed_copy):

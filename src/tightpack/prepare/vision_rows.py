@@ -14,9 +14,10 @@ absolute) that leads outside the media root is refused.
 `vision_row` decodes each file in full (so that a damaged file is the row's error now, not the
 training loader's), takes its size upright (EXIF orientation applied, as the processors load it),
 computes the patch grid with `tightpack.prepare.vision_sizes.VisionSizes`, and replaces the part by
-the text the chat template writes for it (vision start, one placeholder token, vision end); `tightpack.prepare.vision_tokens`
-later widens each placeholder token to the item's tokens. The media go with the sample as `MediaItem`
-records (`media_json`), so a training-time loader can load them and check the grids.
+the text the chat template writes for it (vision start, one placeholder token, vision end);
+`tightpack.prepare.vision_tokens` later widens each placeholder token to the item's tokens. The media
+go with the sample as `MediaItem` records (`media_json`), so a training-time loader can load them and
+check the grids.
 """
 
 from __future__ import annotations
