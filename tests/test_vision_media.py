@@ -187,6 +187,26 @@ def test_media_damaged_after_packing_names_the_file_and_pack(corpus, packed_copy
         next(iter(StatefulDataLoader(dataset, batch_size=None, num_workers=1)))
 
 
+def test_verify_reads_the_media_again(corpus, packed_copy):
+    """``tightpack verify`` finds media damaged, deleted or replaced since packing, at its pack row."""
+    folder = packed_copy / "packs"
+    clean = run_main(["verify", folder])
+    assert clean.returncode == 0 and f"{len(corpus.good)} media items" in clean.stdout, clean.stdout
+    packs = pictures_of_packs(folder)
+    (truncated,), (deleted,), replaced = packs[0], packs[1], sorted(packs[2])[0]
+    truncated_jpeg(packed_copy / truncated)
+    (packed_copy / deleted).unlink()
+    Image.fromarray(drawn_frame(168, 168, 1)).save(packed_copy / replaced, "JPEG")  # a larger picture
+    found = run_main(["verify", folder])
+    assert found.returncode == 1, found.stdout
+    faults = [line for line in found.stdout.splitlines() if line.startswith("[media]")]
+    assert len(faults) == 3, found.stdout
+    assert re.search(rf"row 0, sequence 0: media file .*{truncated} cannot be decoded", faults[0])
+    assert re.search(rf"row 1, sequence 0: media file .*{deleted} does not exist", faults[1])
+    assert re.search(rf"row 2, sequence \d: image {replaced} has the patch grid \[1, 12, 12\] now", faults[2])
+    assert run_main(["verify", folder, "--no-media"]).returncode == 0
+
+
 def test_a_failing_user_loader_names_the_files_and_pack(corpus, packed_copy):
     def load(item: MediaItem) -> dict[str, torch.Tensor]:
         raise OSError("decoder failed")

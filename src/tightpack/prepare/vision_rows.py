@@ -33,7 +33,7 @@ from tightpack.errors import TightpackError
 from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS, frame_timestamps
 from tightpack.prepare.vision_sizes import VisionSizes
 
-__all__ = ["MediaItem", "VisionSpec", "media_json", "parse_media_json", "vision_row"]
+__all__ = ["MediaItem", "VisionSpec", "media_json", "parse_media_json", "reread_media_item", "vision_row"]
 
 
 class MediaError(ValueError):
@@ -155,6 +155,18 @@ def _media_item(part: dict, spec: VisionSpec) -> MediaItem:
     (height, width) = sizes.pop()
     grid = _grid(resolved[0][1], lambda: spec.sizes.video_grid(len(frames), height, width))
     return MediaItem("video", tuple(written for written, _ in resolved), grid, float(fps))
+
+
+def reread_media_item(item: MediaItem, spec: VisionSpec) -> MediaItem:
+    """``item`` as its files give it now, read as packing reads them (decoded, sized upright, its grid
+    computed); compare the grids to find files changed since packing.
+
+    Raises:
+        MediaError: as `vision_row` for the same part (missing, undecodable, outside the media root).
+    """
+    if item.kind == "image":
+        return _media_item({"type": "image", "image": item.paths[0]}, spec)
+    return _media_item({"type": "video", "video": list(item.paths), "fps": item.fps}, spec)
 
 
 def vision_row(
