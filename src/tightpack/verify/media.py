@@ -29,7 +29,11 @@ def check_media(files: list[str], manifest: Mapping[str, Any] | None, report: Ve
     vision = ((manifest or {}).get("settings", {}).get("format") or {}).get("vision")
     if not vision:
         return 0
-    spec = VisionSpec(VisionSizes(**vision["sizes"]), vision["media_root"], dict(vision["tokens"]))
+    try:
+        spec = VisionSpec(VisionSizes(**vision["sizes"]), vision["media_root"], dict(vision["tokens"]))
+    except (KeyError, TypeError, ValueError) as error:
+        report.add("media", f"the manifest's vision settings cannot be read ({error!r}): media not checked")
+        return 0
     items = 0
     for file in files:
         parquet = pq.ParquetFile(file)
