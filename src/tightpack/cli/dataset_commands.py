@@ -118,6 +118,9 @@ def verify(
         Path | None, typer.Option(help="metadata.json to check (default: the folder's).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    media: Annotated[
+        bool, typer.Option("--media/--no-media", help="Vision packs: read every media file again.")
+    ] = True,
 ) -> None:
     """Check a packed dataset and name every fault with its file, row and sequence.
 
@@ -125,7 +128,9 @@ def verify(
     """
     from tightpack.verify import verify_packed
 
-    report = verify_packed(path, pack_size=pack_size, multiple=multiple, cp=cp, metadata=metadata)
+    report = verify_packed(
+        path, pack_size=pack_size, multiple=multiple, cp=cp, metadata=metadata, media=media
+    )
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

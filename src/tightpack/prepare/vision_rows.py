@@ -8,26 +8,32 @@ qwen-vl-utils and the Hugging Face processors::
 
 A video is a list of frame files, already sampled; ``fps`` is their rate (frames per second of the
 list), from which Qwen2.5-VL's ``second_per_grid_ts`` and Qwen3-VL's timestamps follow. Relative
-paths are taken from ``VisionSpec.media_root``; a ``file://`` prefix is allowed.
+paths are taken from ``VisionSpec.media_root``; a ``file://`` prefix is allowed; a path (relative or
+absolute) that leads outside the media root is refused.
 
-`vision_row` reads each file's header (its size, never its pixels), computes the patch grid with
-`tightpack.prepare.vision_sizes.VisionSizes`, and replaces the part by the text the chat template
-writes for it (vision start, one placeholder token, vision end); `tightpack.prepare.vision_tokens`
-later widens each placeholder token to the item's tokens. The media go with the sample as `MediaItem`
-records (`media_json`), so a training-time loader can load them and check the grids.
+`vision_row` decodes each file in full (so that a damaged file is the row's error now, not the
+training loader's), takes its size upright (EXIF orientation applied, as the processors load it),
+computes the patch grid with `tightpack.prepare.vision_sizes.VisionSizes`, and replaces the part by
+the text the chat template writes for it (vision start, one placeholder token, vision end);
+`tightpack.prepare.vision_tokens` later widens each placeholder token to the item's tokens. The media
+go with the sample as `MediaItem` records (`media_json`), so a training-time loader can load them and
+check the grids.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tightpack.errors import TightpackError
 from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS, frame_timestamps
 from tightpack.prepare.vision_sizes import VisionSizes
 
-__all__ = ["MediaItem", "VisionSpec", "media_json", "parse_media_json", "vision_row"]
+__all__ = ["MediaItem", "VisionSpec", "media_json", "parse_media_json", "reread_media_item", "vision_row"]
 
 
 class MediaError(ValueError):
@@ -87,31 +93,55 @@ def parse_media_json(text: str) -> list[MediaItem]:
 
 
 def _resolve(path: Any, spec: VisionSpec) -> tuple[str, Path]:
+    """The path as written and where it lies; a path that leaves the media root is refused."""
     if not isinstance(path, str) or not path:
         raise MediaError(f"a media path must be a non-empty string, got {path!r}")
     written = path.removeprefix("file://")
-    return written, Path(spec.media_root) / written
+    root = os.path.abspath(spec.media_root)
+    # Lexical, so a symbolic link placed inside the root (a deliberate choice) is followed when read.
+    target = os.path.normpath(os.path.join(root, written))
+    if os.path.commonpath([root, target]) != root:
+        raise MediaError(
+            f"media path {path!r} is outside the media root {root}; pass --media-root a folder that "
+            "holds every media file"
+        )
+    return written, Path(target)
 
 
 def _picture_size(path: Path) -> tuple[int, int]:
-    """``(height, width)`` from the file's header."""
-    from PIL import Image, UnidentifiedImageError
+    """``(height, width)`` of a picture as the processors see it (turned upright by its EXIF
+    orientation, as transformers' ``load_image`` does), decoded in full: a file that decodes only in
+    part fails here, when packing, instead of in the middle of a training epoch."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:  # lazy: reads the header, not the pixels
-            width, height = image.size
+        with Image.open(path) as image:
+            image.load()
+            width, height = ImageOps.exif_transpose(image).size
     except FileNotFoundError:
         raise MediaError(f"media file {path} does not exist") from None
-    except (UnidentifiedImageError, OSError) as error:
+    except UnidentifiedImageError as error:
         raise MediaError(f"media file {path} is not a picture PIL can read ({error})") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise MediaError(f"media file {path} cannot be decoded ({error})") from None
     return height, width
+
+
+def _grid(path: Path, size: Callable[[], tuple[int, int, int]]) -> tuple[int, int, int]:
+    """The patch grid from ``size()``; a size the processor refuses (an aspect ratio over 200, too
+    few frames) is the row's error, naming the file."""
+    try:
+        return size()
+    except TightpackError as error:
+        raise MediaError(f"media file {path}: {error}") from None
 
 
 def _media_item(part: dict, spec: VisionSpec) -> MediaItem:
     kind = part["type"]
     if kind == "image":
         written, path = _resolve(part.get("image"), spec)
-        return MediaItem("image", (written,), spec.sizes.image_grid(*_picture_size(path)))
+        height, width = _picture_size(path)
+        return MediaItem("image", (written,), _grid(path, lambda: spec.sizes.image_grid(height, width)))
     frames = part.get("video")
     if not isinstance(frames, list) or not frames:
         raise MediaError('a video part needs "video": a non-empty list of frame files')
@@ -123,8 +153,20 @@ def _media_item(part: dict, spec: VisionSpec) -> MediaItem:
     if len(sizes) != 1:
         raise MediaError(f"the frames of a video must all have one size, got {sorted(sizes)}")
     (height, width) = sizes.pop()
-    grid = spec.sizes.video_grid(len(frames), height, width)
+    grid = _grid(resolved[0][1], lambda: spec.sizes.video_grid(len(frames), height, width))
     return MediaItem("video", tuple(written for written, _ in resolved), grid, float(fps))
+
+
+def reread_media_item(item: MediaItem, spec: VisionSpec) -> MediaItem:
+    """``item`` as its files give it now, read as packing reads them (decoded, sized upright, its grid
+    computed); compare the grids to find files changed since packing.
+
+    Raises:
+        MediaError: as `vision_row` for the same part (missing, undecodable, outside the media root).
+    """
+    if item.kind == "image":
+        return _media_item({"type": "image", "image": item.paths[0]}, spec)
+    return _media_item({"type": "video", "video": list(item.paths), "fps": item.fps}, spec)
 
 
 def vision_row(

@@ -38,6 +38,7 @@ __all__ = [
     "VisionPackedDataset",
     "VisionSFTCollator",
     "load_visuals",
+    "open_picture",
     "processor_media_loader",
 ]
 
@@ -46,18 +47,31 @@ MediaLoader = Callable[[MediaItem], dict[str, torch.Tensor]]
 ``pixel_values_videos``, ``video_grid_thw`` and optionally ``second_per_grid_ts`` (``[1]``)."""
 
 
+def open_picture(path: str | Path) -> Any:
+    """One picture as the processors read it (transformers' ``load_image``): decoded, turned upright
+    by its EXIF orientation, in RGB (a PIL image).
+
+    Raises:
+        TightpackError: naming the file, when it is missing or cannot be decoded.
+    """
+    from PIL import Image, ImageOps
+
+    try:
+        with Image.open(path) as picture:
+            return ImageOps.exif_transpose(picture).convert("RGB")
+    except FileNotFoundError:
+        raise TightpackError(f"media file {path} does not exist (moved or deleted since packing?)") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise TightpackError(f"media file {path} cannot be read: {error}") from None
+
+
 def processor_media_loader(processor: Any, media_root: str | Path = ".") -> MediaLoader:
     """A `MediaLoader` running a transformers processor's image and video processors on the files
-    (relative paths from ``media_root``); frames are given as already sampled."""
-    from PIL import Image
-
+    (relative paths from ``media_root``, read by `open_picture`); frames are given as already sampled."""
     root = Path(media_root)
 
     def load(item: MediaItem) -> dict[str, torch.Tensor]:
-        pictures = []
-        for path in item.paths:
-            with Image.open(root / path) as picture:
-                pictures.append(picture.convert("RGB"))
+        pictures = [open_picture(root / path) for path in item.paths]
         if item.kind == "image":
             out = processor.image_processor(images=pictures, return_tensors="pt")
             return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
@@ -76,12 +90,18 @@ def load_visuals(media: str | Sequence[MediaItem], load: MediaLoader) -> dict[st
     """The visual tensors of one sequence's media (its `media_json` or items), concatenated in order.
 
     Raises:
-        TightpackError: when a loaded grid differs from the recorded one (stale packs).
+        TightpackError: when a loaded grid differs from the recorded one (stale packs), or when
+            ``load`` fails on an item (the error names its files).
     """
     items = parse_media_json(media) if isinstance(media, str) else list(media)
     visual: dict[str, list[torch.Tensor]] = {}
     for item in items:
-        loaded = load(item)
+        try:
+            loaded = load(item)
+        except TightpackError:
+            raise
+        except Exception as error:  # a loader of the user's: name the files it was given
+            raise TightpackError(f"{item.kind} {_files(item)} cannot be loaded: {error}") from error
         grid = loaded["image_grid_thw" if item.kind == "image" else "video_grid_thw"].reshape(-1).tolist()
         if tuple(grid) != tuple(item.grid):
             raise TightpackError(
@@ -92,6 +112,12 @@ def load_visuals(media: str | Sequence[MediaItem], load: MediaLoader) -> dict[st
         for key, value in loaded.items():
             visual.setdefault(key, []).append(value)
     return {key: torch.cat(values) for key, values in visual.items()}
+
+
+def _files(item: MediaItem) -> str:
+    if len(item.paths) == 1:
+        return item.paths[0]
+    return f"{item.paths[0]} ... {item.paths[-1]} ({len(item.paths)} frames)"
 
 
 class _MediaColumn:
@@ -113,6 +139,13 @@ class _MediaColumn:
                 first += metadata.row_group(group).num_rows
         self.starts = np.array([start for start, _, _ in self.groups])
         self._cached: tuple[int, list] | None = None
+
+    def location(self, index: int) -> tuple[str, int]:
+        """The file holding pack ``index`` and the pack's row in that file."""
+        at = int(np.searchsorted(self.starts, index, side="right")) - 1
+        name = self.groups[at][1]
+        first_of_file = next(start for start, file, _ in self.groups if file == name)
+        return name, index - first_of_file
 
     def row(self, index: int) -> list[str]:
         at = int(np.searchsorted(self.starts, index, side="right")) - 1
@@ -144,7 +177,12 @@ class VisionPackedDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self.packs[index]
         batch = self.collate([row])
-        members = [load_visuals(media, self.load) for media in self.media.row(int(index) % len(self.packs))]
+        at = int(index) % len(self.packs)
+        try:
+            members = [load_visuals(media, self.load) for media in self.media.row(at)]
+        except TightpackError as error:
+            file, offset = self.media.location(at)
+            raise TightpackError(f"pack {at} ({file}, row {offset}): {error}") from error
         segments = int(batch["cu_seqlens_q"].reshape(-1).numel()) - 1
         return add_vision(batch, members + [{}] * (segments - len(members)), self.rope)
 

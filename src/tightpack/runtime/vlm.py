@@ -226,6 +226,11 @@ def add_vision(
     starts = thd.physical_boundaries(batch).reshape(-1).long()[:-1]
     if len(lengths) != len(visuals):
         raise ValueError(f"{len(visuals)} visual entries for a row of {len(lengths)} sequences")
+    # Empty segments (an aligned row's width padding, static-shape boundaries) hold no tokens to place.
+    filled = lengths > 0
+    if any(_has_visuals(visual) for visual, keep in zip(visuals, filled.tolist(), strict=True) if not keep):
+        raise ValueError("an empty sequence of the packed row has visual tensors")
+    lengths, starts = lengths[filled], starts[filled]
     real = torch.repeat_interleave(starts, lengths) + _ranks(lengths)
     positions = qwen_vl_positions(
         tokens[real],
@@ -240,6 +245,10 @@ def add_vision(
     batch["mrope_position_ids"] = mrope
     thd.check_thd_batch(batch)
     return batch
+
+
+def _has_visuals(visual: Mapping[str, Any]) -> bool:
+    return any(visual.get(key) is not None for key in VISUAL_KEYS)
 
 
 def _grid_rows(grid_thw: Any) -> torch.Tensor:

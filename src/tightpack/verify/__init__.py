@@ -20,6 +20,9 @@ arithmetic, so any size verifies in bounded memory. Checks:
   with the rows.
 - ``coverage``: with ``sample_index``, no source sample is packed twice and, with a manifest, every
   source row is either packed or accounted for (bad, dropped, no supervised token).
+- ``media``: vision packs (`tightpack.verify.media`): every image and video frame they refer to is
+  still inside the media root, decodes, and gives its recorded patch grid (``media=False`` skips it:
+  it decodes every picture).
 """
 
 from pathlib import Path
@@ -30,6 +33,7 @@ from tightpack.errors import TightpackError
 from tightpack.output_folder import MANIFEST_NAME, METADATA_NAME
 from tightpack.packed_summary import read_manifest, read_metadata
 from tightpack.verify.folder import check_coverage, check_manifest, check_metadata
+from tightpack.verify.media import check_media
 from tightpack.verify.report import VerifyReport, Violation
 from tightpack.verify.rows import Totals, check_rows, npy_rows, parquet_rows
 
@@ -44,12 +48,14 @@ def verify_packed(
     cp: int | None = None,
     metadata: str | Path | None = None,
     limit: int = 20,
+    media: bool = True,
 ) -> VerifyReport:
     """Check a packed dataset (a tightpack folder, Megatron-Bridge Parquet, or legacy ``.npy``).
 
     Settings not given come from the folder's manifest: pack size, alignment multiple, fixed width.
     ``metadata`` defaults to the folder's ``metadata.json``. At most ``limit`` faults are listed per
-    check; ``report.counts`` holds the totals. Unreadable input raises `TightpackError`.
+    check; ``report.counts`` holds the totals. ``media=False`` skips reading the media files of vision
+    packs. Unreadable input raises `TightpackError`.
 
     Example::
 
@@ -107,6 +113,9 @@ def verify_packed(
     if manifest is not None:
         check_manifest(folder, manifest, files, totals, report)
     check_coverage(manifest, totals, report)
+    media_items = (
+        check_media(files, manifest, report) if media and not files[0].lower().endswith(".npy") else 0
+    )
     report.checked = {
         "files": len(files),
         "rows": totals.rows,
@@ -115,4 +124,6 @@ def verify_packed(
         "runtime_tokens": totals.runtime,
         "supervised_tokens": totals.supervised,
     }
+    if media_items:
+        report.checked["media_items"] = media_items
     return report
