@@ -144,6 +144,7 @@ class PackedCollate:
         pad_seq_to_mult: int | None = None,
         tokenizer: Any = None,
         vocab_size: int | None = None,
+        caller: str = "PackedCollate",
         **options: Any,
     ) -> PackedCollate:
         """The collate for ``dataset``'s packs: pack size, pad id and alignment multiple from what the
@@ -156,6 +157,7 @@ class PackedCollate:
             tokenizer: a `TokenizerSpec`, tokenizer folder or transformers tokenizer: the EOS id when
                 the packs record none (it must agree with theirs), and the vocabulary the ids must lie in.
             vocab_size: ids must lie below it (e.g. the model's ``config.vocab_size``).
+            caller: who passed the arguments, as the messages name it.
             options: the other fields (``pad_to_max_length``, ``metadata``, ...).
 
         Raises:
@@ -176,6 +178,7 @@ class PackedCollate:
             pad_seq_to_mult=pad_seq_to_mult,
             tokenizer=tokenizer,
             vocab_size=vocab_size,
+            caller=caller,
         )
         return cls(
             pack_size=resolved.pack_size,

@@ -202,13 +202,14 @@ def read_pack_row(
                 "aligned to another multiple",
             )
     if seq_len is not None:
-        padded = np.flatnonzero(runtime - seq_len >= multiple)
+        padding = runtime - seq_len
+        padded = np.flatnonzero(padding >= multiple)
         if len(padded):
             i = int(padded[0])
             fail(
                 "seq_len",
                 f"gives sequence {i} {int(seq_len[i])} real tokens in a segment of {int(runtime[i])}: "
-                f"{int(runtime[i] - seq_len[i])} tokens of alignment padding, so the packs are aligned to a "
-                f"multiple above pad_seq_to_mult {multiple} ({multiple_source})",
+                f"{int(padding[i])} token{'s' if padding[i] > 1 else ''} of alignment padding, so the packs "
+                f"are aligned to a multiple above pad_seq_to_mult {multiple} ({multiple_source})",
             )
     return StoredRow(ids=ids, starts=starts, stored=stored, loss_mask=loss_mask, seq_len=seq_len)
