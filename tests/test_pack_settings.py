@@ -87,14 +87,9 @@ def _rows(dataset: PackedDataset) -> list[dict]:
 # --- PackedCollate ---------------------------------------------------------------------------------------
 
 
-def test_from_dataset_takes_the_llama_packs_ids_and_the_forward_runs(packs):
-    """The README loop on Llama packs: pad id 2 and multiple 4 come from the manifest; every id the
-    batch holds fits a 32,000-token embedding, so a Llama forward runs (with GPT-2's 50256 it raised
-    IndexError)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tightpack.runtime.hf import packed_forward
-
+def test_from_dataset_takes_the_llama_packs_ids(packs):
+    """Pad id 2 and multiple 4 come from the manifest: the width padding is EOS 2 (GPT-2's 50256
+    before, which a 32,000-token embedding cannot look up)."""
     dataset = PackedDataset(packs["llama"])
     collate = PackedCollate.from_dataset(dataset)
     manifest = packs["llama"] / "manifest.json"
@@ -106,14 +101,33 @@ def test_from_dataset_takes_the_llama_packs_ids_and_the_forward_runs(packs):
     batch = collate([dataset[shortest]])
     width = batch["tokens"].shape[1]
     real = int(batch["cu_seqlens_q_padded"][0, -2])
-    assert real < width and set(batch["tokens"][0, real:].tolist()) == {2}  # the width padding is EOS 2
+    assert real < width and set(batch["tokens"][0, real:].tolist()) == {2}
+    assert int(batch["tokens"].max()) < LLAMA_VOCAB
+
+
+def _readme_block(section: str) -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    body = readme.split(f"\n## {section}\n", 1)[1]
+    return body.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_training_loop_runs_on_llama_packs(packs, tmp_path, monkeypatch):
+    """The README's "Training on packed rows" block, as written, on Llama packs in ./packed, with a
+    32,000-token Llama as ``hf_model``: it padded with GPT-2's 50256 and the forward raised IndexError."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shutil.copytree(packs["llama"], tmp_path / "packed")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TIGHTPACK_PROBE", "0")
     config = LlamaConfig(
         vocab_size=LLAMA_VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1,
     )  # fmt: skip
     torch.manual_seed(0)
-    logits = packed_forward(LlamaForCausalLM(config), batch, probe=False).logits
-    assert logits.shape == (1, width, LLAMA_VOCAB) and torch.isfinite(logits).all()
+    scope = {"rank": 0, "world": 1, "hf_model": LlamaForCausalLM(config)}
+    exec(compile(_readme_block("Training on packed rows"), "README.md", "exec"), scope)
+    assert scope["collate"].eos_id == 2 and scope["collate"].pad_seq_to_mult == 4
+    assert scope["outputs"].logits.shape[-1] == LLAMA_VOCAB and torch.isfinite(scope["outputs"].logits).all()
 
 
 def test_gpt2s_eos_id_on_llama_packs_names_both_values(packs):
@@ -224,6 +238,12 @@ def test_packing_collator_reads_the_packs_settings(packs):
         PackingCollator()(features)
 
 
+@pytest.fixture(scope="module")
+def collators(packs) -> tuple[PackingCollator, PackingCollator]:
+    """For the Llama packs: one given their settings by hand, one reading them (packs=)."""
+    return PackingCollator(pad_seq_to_mult=4, eos_id=2), PackingCollator(packs=packs["llama"])
+
+
 def _breaks(row: dict, how: str) -> dict:
     row = {key: np.asarray(value) for key, value in row.items()}
     if how == "start past the end":
@@ -256,7 +276,7 @@ def _breaks(row: dict, how: str) -> dict:
         ("negative id", "input_ids", "holds id -1 at position 7: ids are never negative"),
     ],
 )
-def test_malformed_rows_name_the_row_and_the_key(packs, how, key, problem):
+def test_malformed_rows_name_the_row_and_the_key(packs, collators, how, key, problem):
     """Before, the collator raised a bare IndexError or ValueError from numpy. Rows of a ``PackedDataset``
     are named by their place in the micro-batch; rows read from the Parquet file (as ``datasets`` reads
     it) also by their ``sample_index``."""
@@ -271,7 +291,7 @@ def test_malformed_rows_name_the_row_and_the_key(packs, how, key, problem):
         (parquet_rows, f" (source samples {samples})"),
     ):
         features = [rows[0], _breaks(rows[1], how)]
-        for collator in (PackingCollator(pad_seq_to_mult=4, eos_id=2), PackingCollator(packs=dataset)):
+        for collator in collators:
             with pytest.raises(PackRowError) as error:
                 collator(features)
             assert str(error.value).startswith(f"packed row 1 of the batch{identity}: {key} {problem}")
