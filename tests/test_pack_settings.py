@@ -18,7 +18,6 @@ import torch
 import yaml
 
 from tests.conftest import run_main, write_jsonl
-from tightpack.core.pack_manifest import read_pack_settings
 from tightpack.errors import TightpackError
 from tightpack.prepare.tokenizer import load_tokenizer
 from tightpack.runtime.collate import PackedCollate
@@ -173,7 +172,7 @@ def test_a_multiple_that_disagrees_with_the_packs_is_refused(packs, multiple):
 def test_packs_without_a_manifest_need_the_ids_given_and_the_rows_check_them(packs):
     folder = packs["llama_mb"]
     metadata = folder / f"{PACK_SIZE}_metadata.jsonl"
-    settings = read_pack_settings(PackedDataset(folder).files)
+    settings = PackedDataset(folder).settings
     assert (settings.manifest, settings.eos_id, settings.pad_seq_to_mult) == (None, None, None)
     assert str(settings.pack_size) == f"{PACK_SIZE} (pack_size of {metadata})"
     with pytest.raises(TightpackError, match=r"needs the packs' EOS id .* pass eos_id= .* or tokenizer="):

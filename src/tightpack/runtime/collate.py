@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from tightpack.core.alignment import ceil_to_multiple
-from tightpack.core.pack_manifest import read_pack_settings
 from tightpack.core.ranges import in_ranges
 from tightpack.errors import TightpackError
 from tightpack.runtime import thd
@@ -148,7 +147,7 @@ class PackedCollate:
         **options: Any,
     ) -> PackedCollate:
         """The collate for ``dataset``'s packs: pack size, pad id and alignment multiple from what the
-        packs record (`tightpack.core.pack_manifest.read_pack_settings`), unless given.
+        packs record (`PackedDataset.settings`), unless given.
 
         Args:
             dataset: a `PackedDataset`, or the path it would read.
@@ -170,9 +169,9 @@ class PackedCollate:
             collate.eos_id, collate.pad_seq_to_mult  # 2, 4
             PackedCollate.from_dataset("packed", eos_id=50256)  # TightpackError: eos_id 50256 (...
         """
-        files = dataset.files if isinstance(dataset, PackedDataset) else PackedDataset(dataset).files
+        packs = dataset if isinstance(dataset, PackedDataset) else PackedDataset(dataset)
         resolved = resolve_pack_settings(
-            read_pack_settings(files),
+            packs.settings,
             pack_size=pack_size,
             eos_id=eos_id,
             pad_seq_to_mult=pad_seq_to_mult,

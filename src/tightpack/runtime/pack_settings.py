@@ -107,8 +107,8 @@ def resolve_pack_settings(
         caller: named in the messages (``PackedCollate``, ``PackingCollator``).
 
     Raises:
-        TightpackError: a value that disagrees with the packs or the tokenizer, a pad id outside the
-            vocabulary, or a value neither given nor recorded.
+        TightpackError: a value that disagrees with the packs or the tokenizer, or a value neither
+            given nor recorded. (`PackedCollate` itself refuses a pad id outside ``vocab_size``.)
     """
     argument = f"{caller} argument"
     token_eos, token_vocab = _tokenizer_values(tokenizer) if tokenizer is not None else (None, None)
@@ -142,16 +142,8 @@ def resolve_pack_settings(
             f"{packs.pack_size.value} runtime tokens would not fit the batch; leave pack_size out or pass "
             f"at least {packs.pack_size.value}"
         )
-    vocab = given(vocab_size)
-    if vocab is not None:
-        vocab = Recorded(vocab.value, f"{caller} argument vocab_size")
+    vocab = None if vocab_size is None else Recorded(int(vocab_size), f"{argument} vocab_size")
     vocab = vocab or token_vocab or packs.vocab_size
-    if multiple.value < 1 or size.value < 1:
-        bad = multiple if multiple.value < 1 else size
-        raise TightpackError(f"pad_seq_to_mult and pack_size must be positive, got {bad}")
-    if eos.value < 0 or (vocab is not None and eos.value >= vocab.value):
-        limit = f"the vocabulary of {vocab.value} tokens ({vocab.source})" if vocab else "ids >= 0"
-        raise TightpackError(f"eos_id {eos} lies outside {limit}: pass the packs' tokenizer or its EOS id")
     return ResolvedSettings(
         pack_size=size.value,
         eos_id=eos.value,
