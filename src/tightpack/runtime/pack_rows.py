@@ -138,22 +138,22 @@ def read_pack_row(
     ids = _integers(row, "input_ids", fail)
     if len(ids) == 0:
         fail("input_ids", "is empty")
-    negative = np.flatnonzero(ids < 0)
-    if len(negative):
+    lowest, highest = int(ids.min()), int(ids.max())  # the position is searched only on failure
+    if lowest < 0:
+        at = int(np.argmax(ids < 0))
         fail(
             "input_ids",
-            f"holds id {int(ids[negative[0]])} at position {int(negative[0])}: ids are never negative",
+            f"holds id {int(ids[at])} at position {at}: ids are never negative",
         )
-    if vocab_size is not None:
+    if vocab_size is not None and highest >= vocab_size:
         outside = np.flatnonzero(ids >= vocab_size)
-        if len(outside):
-            at = int(outside[0])
-            fail(
-                "input_ids",
-                f"holds id {int(ids[at])} at position {at} ({len(outside)} ids in all, up to "
-                f"{int(ids.max())}), outside the vocabulary of {vocab_size} tokens ({vocab_source}): the "
-                "packs were made with another tokenizer",
-            )
+        at = int(outside[0])
+        fail(
+            "input_ids",
+            f"holds id {int(ids[at])} at position {at} ({len(outside)} ids in all, up to {highest}), outside "
+            f"the vocabulary of {vocab_size} tokens ({vocab_source}): the packs were made with another "
+            "tokenizer",
+        )
     starts = _integers(row, "seq_start_id", fail)
     if len(starts) == 0 or starts[0] != 0:
         fail("seq_start_id", f"must start with 0 (the first sequence starts the row), got {_preview(starts)}")
