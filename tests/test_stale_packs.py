@@ -102,7 +102,7 @@ def only(checked, rule: str):
 
 
 def test_rules_are_listed_in_order():
-    assert [rule.id for rule in DATA_RULES] == [f"D{index}" for index in range(1, 10)]
+    assert [rule.id for rule in DATA_RULES] == [f"D{index}" for index in range(1, 11)]
 
 
 def test_matching_config_has_no_findings(packs):

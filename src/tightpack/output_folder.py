@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from tightpack.core.pack_manifest import MANIFEST_NAME, METADATA_NAME
 from tightpack.core.store_cache import PID_FILE, sweep_stale
 from tightpack.errors import TightpackError
 
@@ -60,9 +61,6 @@ __all__ = [
     "sweep_work",
 ]
 
-# The two files of an output folder besides its shards: tightpack's manifest and the reference's metadata.
-MANIFEST_NAME = "manifest.json"
-METADATA_NAME = "metadata.json"
 MANIFEST_FAMILY = "tightpack.packed/"  # any version of it marks a folder tightpack may replace
 MANIFEST_FORMAT = MANIFEST_FAMILY + "1"
 _SHOWN_NAMES = 5  # foreign files named in a refusal

@@ -9,7 +9,6 @@ from ``--pack-size`` or from a metadata file when one is given.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 
 from tightpack.core import legacy_npy
 from tightpack.core.cost_model import CostModel, cost_spread
+from tightpack.core.pack_manifest import read_manifest, read_metadata
 from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
@@ -172,41 +172,6 @@ def pack_costs(arrays: PackArrays, model: CostModel) -> np.ndarray:
         + model.quadratic * arrays.squared
         + model.per_sequence * arrays.sequences
     )
-
-
-_MANIFEST_KEYS = ("settings", "tokenizer", "counts", "sources")
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """A tightpack manifest, checked enough to be used: JSON, an object, with its main sections."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TightpackError(f"{path}: not a readable manifest ({error})") from error
-    missing = [key for key in _MANIFEST_KEYS if not isinstance(manifest, dict) or key not in manifest]
-    if missing:
-        raise TightpackError(f"{path}: the manifest lacks {', '.join(missing)}; pack the dataset again")
-    if not isinstance(manifest["settings"], dict) or "packed_sequence_size" not in manifest["settings"]:
-        raise TightpackError(
-            f"{path}: the manifest's settings lack packed_sequence_size; pack the dataset again"
-        )
-    return manifest
-
-
-def read_metadata(path: Path) -> list[dict]:
-    """The packing metadata of the reference (contract 2.6): a JSON list of objects, one per split.
-
-    A single object is read as a list of one. Raises `TightpackError` naming the file when it cannot
-    be read or is not that.
-    """
-    try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TightpackError(f"{path}: not readable packing metadata ({error})") from error
-    entries = loaded if isinstance(loaded, list) else [loaded]
-    if not all(isinstance(entry, dict) for entry in entries):
-        raise TightpackError(f"{path}: packing metadata must be a JSON list of objects")
-    return entries
 
 
 def summarize_packed(

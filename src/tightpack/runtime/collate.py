@@ -22,8 +22,9 @@ physical segment of every token, ``[B, W]`` int32: where Mamba/SSM layers reset 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,9 @@ from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.ranges import in_ranges
 from tightpack.errors import TightpackError
 from tightpack.runtime import thd
+from tightpack.runtime.dataset import PackedDataset
+from tightpack.runtime.pack_rows import read_pack_row
+from tightpack.runtime.pack_settings import resolve_pack_settings
 
 __all__ = ["PackedCollate", "PackingMetadata", "split_microbatches"]
 
@@ -102,6 +106,12 @@ class PackedCollate:
         legacy_keys: the boundary keys of packs made before Megatron-Bridge #5344 (``cu_seqlens``
             right-padded with -1, ``cu_seqlens_argmin``, ``max_seqlen``, and ``cu_seqlens_unpadded``
             with its argmin when aligned) instead of ``cu_seqlens_q/kv[_padded]`` and ``max_seqlen_q/kv``.
+        vocab_size: every id (``eos_id``, the rows' ``input_ids``) must lie below it; None: unchecked.
+        sources: where each value came from, for messages (`from_dataset` fills it).
+
+    Every row is checked first (`tightpack.runtime.pack_rows.read_pack_row`): a malformed row, or
+    one whose segments do not fit ``pad_seq_to_mult``, is a `PackRowError` naming the row and the key.
+    `from_dataset` takes the pack size, pad id and multiple from the packs' manifest.
 
     >>> collate = PackedCollate(pack_size=8, eos_id=2, pad_seq_length_to_mult=1)
     >>> rows = [{"input_ids": [1, 3, 4, 2, 5, 6, 7, 2], "loss_mask": [0] * 8, "seq_start_id": [0, 4]},
@@ -120,6 +130,63 @@ class PackedCollate:
     pad_cu_seqlens: bool = False
     metadata: PackingMetadata | None = None
     legacy_keys: bool = False
+    vocab_size: int | None = None
+    sources: Mapping[str, str] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_dataset(
+        cls,
+        dataset: PackedDataset | str | os.PathLike,
+        *,
+        pack_size: int | None = None,
+        eos_id: int | None = None,
+        pad_seq_to_mult: int | None = None,
+        tokenizer: Any = None,
+        vocab_size: int | None = None,
+        caller: str = "PackedCollate",
+        **options: Any,
+    ) -> PackedCollate:
+        """The collate for ``dataset``'s packs: pack size, pad id and alignment multiple from what the
+        packs record (`PackedDataset.settings`), unless given.
+
+        Args:
+            dataset: a `PackedDataset`, or the path it would read.
+            pack_size, eos_id, pad_seq_to_mult: as the fields; a given value must agree with the packs'
+                (``pack_size`` may be larger: wider batches).
+            tokenizer: a `TokenizerSpec`, tokenizer folder or transformers tokenizer: the EOS id when
+                the packs record none (it must agree with theirs), and the vocabulary the ids must lie in.
+            vocab_size: ids must lie below it (e.g. the model's ``config.vocab_size``).
+            caller: who passed the arguments, as the messages name it.
+            options: the other fields (``pad_to_max_length``, ``metadata``, ...).
+
+        Raises:
+            TightpackError: a value that disagrees with the packs or lies outside the vocabulary, naming
+                both values and where each came from; a value the packs do not record and not given.
+
+        Example (packs made with a Llama tokenizer, ``eos_id`` 2, multiple 4)::
+
+            collate = PackedCollate.from_dataset(PackedDataset("packed"), pad_to_max_length=True)
+            collate.eos_id, collate.pad_seq_to_mult  # 2, 4
+            PackedCollate.from_dataset("packed", eos_id=50256)  # TightpackError: eos_id 50256 (...
+        """
+        packs = dataset if isinstance(dataset, PackedDataset) else PackedDataset(dataset)
+        resolved = resolve_pack_settings(
+            packs.settings,
+            pack_size=pack_size,
+            eos_id=eos_id,
+            pad_seq_to_mult=pad_seq_to_mult,
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            caller=caller,
+        )
+        return cls(
+            pack_size=resolved.pack_size,
+            eos_id=resolved.eos_id,
+            pad_seq_to_mult=resolved.pad_seq_to_mult,
+            vocab_size=resolved.vocab_size,
+            sources=resolved.sources,
+            **options,
+        )
 
     def __post_init__(self) -> None:
         if self.pad_cu_seqlens and self.metadata is None:
@@ -129,6 +196,17 @@ class PackedCollate:
         for name in ("pack_size", "pad_seq_length_to_mult", "pad_seq_to_mult"):
             if getattr(self, name) < 1:
                 raise TightpackError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.eos_id < 0 or (self.vocab_size is not None and self.eos_id >= self.vocab_size):
+            sources = self.sources or {}
+            raise TightpackError(
+                f"eos_id {self.eos_id} ({sources.get('eos_id', 'PackedCollate argument')}) lies outside "
+                + (
+                    f"the vocabulary of {self.vocab_size} tokens "
+                    f"({sources.get('vocab_size', 'PackedCollate argument vocab_size')})"
+                    if self.vocab_size is not None
+                    else "ids >= 0"
+                )
+            )
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch = self._collate(rows)
@@ -138,7 +216,7 @@ class PackedCollate:
     def _collate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not rows:
             raise TightpackError("cannot collate an empty batch")
-        split = [self._split(row) for row in rows]
+        split = [self._split(row, position) for position, row in enumerate(rows)]
         longest = max(len(row.inputs) for row in split)
         if self.pad_to_max_length:
             width = self.pack_size
@@ -208,21 +286,30 @@ class PackedCollate:
         batch.update(max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
         return batch
 
-    def _split(self, row: Mapping[str, Any]) -> _Row:
-        """Inputs, labels, mask, positions and boundaries of one stored row."""
-        ids = np.asarray(row["input_ids"], dtype=np.int64)
-        starts = np.asarray(row["seq_start_id"], dtype=np.int64)
-        stored = np.diff(np.append(starts, len(ids)))
+    def _split(self, row: Mapping[str, Any], position: int) -> _Row:
+        """Inputs, labels, mask, positions and boundaries of one stored row (checked first)."""
+        sources = self.sources or {}
+        padding_row = bool(row.get("padding_row", False)) if isinstance(row, Mapping) else False
+        stored_row = read_pack_row(
+            row,
+            position,
+            multiple=self.pad_seq_to_mult,
+            multiple_source=sources.get("pad_seq_to_mult", "PackedCollate argument"),
+            vocab_size=self.vocab_size,
+            vocab_source=sources.get("vocab_size", "PackedCollate argument vocab_size"),
+            need_loss_mask=self.answer_only_loss and not padding_row,
+        )
+        ids, starts, stored = stored_row.ids, stored_row.starts, stored_row.stored
         last = starts + stored - 1  # the last stored token of each sequence: a label, never an input
         is_input = np.ones(len(ids), dtype=bool)
         is_input[last] = False
         is_label = np.ones(len(ids), dtype=bool)
         is_label[starts] = False
         inputs = ids[is_input]
-        if row.get("padding_row", False):  # the sampler's -1 rows: real tokens, never any loss
+        if padding_row:  # the sampler's -1 rows: real tokens, never any loss
             loss_mask = np.zeros(len(inputs), dtype=np.int64)
         elif self.answer_only_loss:
-            loss_mask = np.asarray(row["loss_mask"], dtype=np.int64)[is_input]
+            loss_mask = stored_row.loss_mask[is_input]
         else:
             loss_mask = (inputs != self.eos_id).astype(np.int64)
         runtime = stored - 1
@@ -230,8 +317,8 @@ class PackedCollate:
         positions = np.arange(len(inputs)) - np.repeat(physical[:-1], runtime)
         logical = None
         if self.pad_seq_to_mult > 1:
-            if row.get("seq_len") is not None:
-                real = np.asarray(row["seq_len"], dtype=np.int64)
+            if stored_row.seq_len is not None:
+                real = stored_row.seq_len
             else:  # the reference's rule: 1 + index of the last non-EOS input of each sequence
                 real = _strip_trailing(inputs, physical, self.eos_id)
             logical = np.concatenate(([0], np.cumsum(real)))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from tightpack.core import legacy_npy
+from tightpack.core.pack_manifest import PackSettings, read_pack_settings
 from tightpack.core.packed_index import PackedIndex, check_shards
 from tightpack.core.paths import default_cache_dir, resolve_parquet_spec
 from tightpack.errors import TightpackError
@@ -96,6 +98,13 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return self.rows if self.mapping is None else len(self.mapping)
+
+    @cached_property
+    def settings(self) -> PackSettings:
+        """What the packs record of themselves, read once: EOS (pad) id, alignment multiple, pack size
+        and vocabulary size, each with the file and key it came from (`read_pack_settings`; None where
+        not recorded, as in Megatron-Bridge's folders). `PackedCollate.from_dataset` reads it."""
+        return read_pack_settings(self.files)
 
     def _rows(self):
         if self._source is None or self._source_pid != os.getpid():  # per process, after a fork

@@ -27,6 +27,7 @@ collator itself stops at the first batch when ``Trainer`` dropped the columns it
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,9 +39,11 @@ from tightpack.logs import logger
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.runtime.collate import PackedCollate
+from tightpack.runtime.dataset import PackedDataset
 from tightpack.runtime.equivalence import ProbeReport, ProbeSkipped, probe_enabled
 from tightpack.runtime.equivalence.hf import packed_row_bounds
 from tightpack.runtime.hf import check_packable, check_packing, hf_packed_kwargs
+from tightpack.runtime.pack_rows import PackRowError
 from tightpack.runtime.sft_collate import LossMode, TextSFTCollator
 
 __all__ = ["PackingCallback", "PackingCollator", "trainer_inputs"]
@@ -48,6 +51,8 @@ __all__ = ["PackingCallback", "PackingCollator", "trainer_inputs"]
 _PACK_COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 _ROW_KEYS = ("messages", "input", "output", "text")
 _TOKEN_KEYS = ("input_ids", "position_ids", "labels", "shift_labels")
+_ARGUMENT = "PackingCollator argument"
+_DEFAULT_MULTIPLE = "PackingCollator's default without packs=, which reads the packs' own"
 
 
 def trainer_inputs(batch: Mapping[str, Any], ignore_index: int = -100) -> dict[str, Any]:
@@ -108,10 +113,20 @@ class PackingCollator:
     dataset of micro-batches, e.g. from `TokenBudgetBatchSampler`, with ``per_device_train_batch_size=1``).
 
     Args:
-        tokenizer: for raw rows: a `TokenizerSpec` or path (None: the built-in GPT-2).
+        tokenizer: for raw rows: a `TokenizerSpec` or path (None: the built-in GPT-2). For offline
+            packs, when given: the vocabulary their ids must lie in, and their EOS id.
         format, loss_mode, max_length, pad_to_multiple_of: for raw rows, as `TextSFTCollator`.
+        packs: the offline packs the features come from (a `PackedDataset` or its path): their
+            manifest gives ``pack_size``, ``pad_seq_to_mult`` and ``eos_id`` (`PackedCollate.from_dataset`),
+            and a value given here must agree with it.
         pack_size, pad_seq_to_mult, eos_id: for offline packs, as `PackedCollate` (``pad_seq_to_mult``
-            is the packs' alignment multiple; ``eos_id`` their pad id).
+            is the packs' alignment multiple, default 1 without ``packs``; ``eos_id`` their pad id).
+        vocab_size: ids of offline packs must lie below it (e.g. the model's ``config.vocab_size``).
+
+    Raises:
+        TightpackError: at construction, a value that disagrees with the packs' manifest or lies outside
+            the vocabulary; when collating, a malformed pack row (`PackRowError`, naming the row of the
+            micro-batch and the key) or one whose segments do not fit ``pad_seq_to_mult``.
     """
 
     def __init__(
@@ -122,9 +137,11 @@ class PackingCollator:
         loss_mode: LossMode = "assistant",
         max_length: int | None = None,
         pad_to_multiple_of: int = 1,
+        packs: PackedDataset | str | os.PathLike | None = None,
         pack_size: int | None = None,
-        pad_seq_to_mult: int = 1,
+        pad_seq_to_mult: int | None = None,
         eos_id: int | None = None,
+        vocab_size: int | None = None,
         ignore_index: int = -100,
     ) -> None:
         self.ignore_index = ignore_index
@@ -133,12 +150,28 @@ class PackingCollator:
             enable_in_batch_packing=True, in_batch_packing_pad_to_multiple_of=pad_to_multiple_of,
             ignore_index=ignore_index,
         )  # fmt: skip
-        eos = self.rows.encoder.spec.eos_id if eos_id is None else eos_id
+        given = None if tokenizer is None else self.rows.encoder.spec
+        if packs is not None:
+            self.packs = PackedCollate.from_dataset(
+                packs, pack_size=pack_size, eos_id=eos_id, pad_seq_to_mult=pad_seq_to_mult,
+                tokenizer=given, vocab_size=vocab_size, caller="PackingCollator", pad_seq_length_to_mult=1,
+            )  # fmt: skip
+            return
+        spec = self.rows.encoder.spec
+        vocab_source = "PackingCollator argument vocab_size"
+        if vocab_size is None and given is not None:
+            vocab_size, vocab_source = given.vocab_size or None, f"the vocabulary of tokenizer {spec.name!r}"
         self.packs = PackedCollate(
             pack_size=pack_size or 1 << 30,
-            eos_id=eos,
+            eos_id=spec.eos_id if eos_id is None else eos_id,
             pad_seq_length_to_mult=1,
-            pad_seq_to_mult=pad_seq_to_mult,
+            pad_seq_to_mult=1 if pad_seq_to_mult is None else pad_seq_to_mult,
+            vocab_size=vocab_size,
+            sources={
+                "eos_id": f"the EOS id of tokenizer {spec.name!r}" if eos_id is None else _ARGUMENT,
+                "pad_seq_to_mult": _DEFAULT_MULTIPLE if pad_seq_to_mult is None else _ARGUMENT,
+                "vocab_size": vocab_source,
+            },
         )
 
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
@@ -151,7 +184,7 @@ class PackingCollator:
             raise TightpackError(f"PackingCollator takes rows (mappings), got {type(first).__name__}")
         if all(key in first for key in _PACK_COLUMNS):
             return _concatenate(
-                [trainer_inputs(self.packs([feature]), self.ignore_index) for feature in features]
+                [self._pack_inputs(feature, position) for position, feature in enumerate(features)]
             )
         if any(key in first for key in _ROW_KEYS):
             return trainer_inputs(self.rows(list(features)), self.ignore_index)
@@ -161,6 +194,13 @@ class PackingCollator:
             "columns its model does not take from a datasets.Dataset: set "
             "TrainingArguments(remove_unused_columns=False)"
         )
+
+    def _pack_inputs(self, feature: Mapping[str, Any], position: int) -> dict[str, Any]:
+        try:
+            batch = self.packs([feature])
+        except PackRowError as error:  # collated one by one: name its place in the micro-batch
+            raise error.at(position) from None
+        return trainer_inputs(batch, self.ignore_index)
 
 
 class PackingCallback(TrainerCallback):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,31 @@ class _Checker(RowChecks, MetadataChecks, Repack):
                 "load, so the contents could not be).",
                 f"If the tokenizers differ: {self._repack_fix(split)}",
             )
+
+    @cached_property
+    def configured_vocabulary(self) -> tuple[int, str, str] | None:
+        """(size, key, value) of the configured tokenizer's vocabulary, loaded once; None (with a note)
+        when the configuration names none that tightpack can load."""
+        from tightpack.prepare.tokenizer import load_tokenizer
+
+        wanted = _configured_tokenizer(self.raw, self.specs)
+        if wanted is None:
+            self.notes.append("token ids not checked (D10): the configuration names no tokenizer")
+            return None
+        key, value = wanted
+        described = f"{key} {value!r}"
+        if key == "tokenizer.tokenizer_type":  # GPT2BPETokenizer: GPT-2's vocabulary
+            spec = load_tokenizer(None)
+        elif key == "tokenizer.tokenizer_model" and Path(value).exists():
+            try:
+                spec = load_tokenizer(value)
+            except TightpackError as error:
+                self.notes.append(f"token ids not checked (D10): {described} is not loadable ({error})")
+                return None
+        else:
+            self.notes.append(f"token ids not checked (D10): {described} is no local tokenizer")
+            return None
+        return spec.vocab_size, key, value
 
     # -- helpers -----------------------------------------------------------------------------------------
 

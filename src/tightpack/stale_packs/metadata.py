@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tightpack.core.pack_manifest import metadata_near
 from tightpack.output_folder import METADATA_NAME
 from tightpack.packed_summary import read_metadata
 from tightpack.stale_packs.result import CheckedSplit
@@ -36,7 +37,7 @@ class MetadataChecks:
                 return None, None
             return path, read_metadata(path)
         for split in splits:
-            found = _metadata_near(split.folder)
+            found = metadata_near(split.folder)
             if found is not None:
                 return found, read_metadata(found)
         return None, None
@@ -101,13 +102,5 @@ class MetadataChecks:
                     )
 
 
-def _metadata_near(folder: Path) -> Path | None:
-    """tightpack's ``metadata.json``, else Megatron-Bridge's ``<P>_metadata.jsonl``, in ``folder``."""
-    if (folder / METADATA_NAME).is_file():
-        return folder / METADATA_NAME
-    found = sorted(folder.glob("*_metadata.jsonl"))
-    return found[0] if found else None
-
-
 def _metadata_sources(splits: list[CheckedSplit]) -> list[str]:
-    return [str(found) for split in splits if (found := _metadata_near(split.folder)) is not None]
+    return [str(found) for split in splits if (found := metadata_near(split.folder)) is not None]

@@ -32,6 +32,7 @@ class RowChecks:
                 f"{split.name}: no manifest or metadata pack_size; the longest sampled row has "
                 f"{int(sample.loads.max())} runtime tokens"
             )
+        self._check_token_ids(split, sample)
         split.stats = {
             "max_samples_per_bin": int(sample.counts.max()),
             "dataset_max_seqlen": int(sample.runtime.max()) if len(sample.runtime) else 0,
@@ -62,6 +63,34 @@ class RowChecks:
                 f"{_SPECS}.packed_sequence_size {size} runtime tokens (up to {int(sample.loads.max())}).",
                 self._repack_fix(split),
             )
+
+    def _check_token_ids(self, split: CheckedSplit, sample: _Sample) -> None:
+        """D10: every id read lies in the configured tokenizer's vocabulary (packs without a manifest,
+        whose tokenizer is otherwise unknown)."""
+        vocabulary = self.configured_vocabulary
+        if vocabulary is None:
+            return
+        size, key, value = vocabulary
+        outside = np.flatnonzero(sample.max_ids >= size)
+        if not len(outside):
+            return
+        first = int(outside[0])
+        what = (
+            f"the {sample.rows:,} rows"
+            if sample.read == sample.rows
+            else f"{sample.read:,} sampled rows of {sample.rows:,}"
+        )
+        self.add(
+            "D10",
+            "error",
+            f"{split.name} packs {split.path}: {len(outside):,} of {what} hold token ids outside the "
+            f"{size:,}-token vocabulary of {key} {value!r} (ids up to {int(sample.max_ids.max()):,}; e.g. "
+            f"{sample.row_where(first)} holds {int(sample.max_ids[first]):,}): the packs were tokenized with "
+            "another tokenizer, and the embedding lookup fails on them (IndexError; a device-side assert on "
+            "a GPU).",
+            f"Configure the tokenizer the packs were made with ({key}), or "
+            f"{(fix := self._repack_fix(split))[0].lower()}{fix[1:]}",
+        )
 
     def _deep(self, split: CheckedSplit) -> None:
         from tightpack.verify import verify_packed
@@ -100,7 +129,16 @@ class _Sample:
     runtime: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     loads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    max_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per row read
     places: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # per group read
+    row_places: list[tuple[str, int, int]] = field(default_factory=list)  # (file, first row, rows) per group
+
+    def row_where(self, row: int) -> str:
+        for file, first, count in self.row_places:
+            if row < count:
+                return f"{Path(file).name} row {first + row}"
+            row -= count
+        raise IndexError(row)
 
     def where(self, segment: int) -> str:
         for file, rows, positions in self.places:
@@ -115,15 +153,15 @@ def _sample_rows(files: list[str], budget: int | None) -> _Sample:
     groups = list(_row_groups(files))
     sample = _Sample(rows=sum(rows for _, _, rows, _ in groups))
     rng = np.random.default_rng(_SAMPLE_SEED)
-    runtime, loads, counts = [], [], []
+    runtime, loads, counts, max_ids = [], [], [], []
     for index in rng.permutation(len(groups)):
         if budget is not None and sample.read >= budget:
             break
         file, group, _, first_row = groups[index]
-        lengths, starts, per_row = _read_group(file, group)
+        lengths, starts, per_row, row_max = _read_group(file, group)
         if budget is not None:
             keep = min(len(lengths), budget - sample.read)
-            lengths, per_row = lengths[:keep], per_row[:keep]
+            lengths, per_row, row_max = lengths[:keep], per_row[:keep], row_max[:keep]
             starts = starts[: int(per_row.sum())]
         offsets = np.concatenate(([0], np.cumsum(per_row))).astype(np.int64)
         row_of_seq = np.repeat(np.arange(len(lengths)), per_row)
@@ -131,11 +169,14 @@ def _sample_rows(files: list[str], budget: int | None) -> _Sample:
         runtime.append(seq_runtime)
         loads.append(np.bincount(row_of_seq, weights=seq_runtime, minlength=len(lengths)).astype(np.int64))
         counts.append(per_row)
+        max_ids.append(row_max)
         sample.places.append((file, first_row + row_of_seq, np.arange(len(starts)) - offsets[row_of_seq]))
+        sample.row_places.append((file, first_row, len(lengths)))
         sample.read += len(lengths)
     if sample.read:
         sample.runtime = np.concatenate(runtime).astype(np.int64)
         sample.loads, sample.counts = np.concatenate(loads), np.concatenate(counts).astype(np.int64)
+        sample.max_ids = np.concatenate(max_ids)
     return sample
 
 
@@ -157,17 +198,20 @@ def _row_groups(files: list[str]) -> Iterator[tuple[str, int, int, int]]:
             first += rows
 
 
-def _read_group(file: str, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(stored length per row, seq_start_id values flat, sequences per row) of a row group."""
+def _read_group(file: str, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(stored length per row, seq_start_id values flat, sequences per row, largest id per row) of a row
+    group (an empty row's largest id is -1)."""
     if file.lower().endswith(".npy"):
         from tightpack.core import legacy_npy
 
         rows = legacy_npy.read_legacy_npy(file)
         starts = [np.asarray(row["seq_start_id"], dtype=np.int64).ravel() for row in rows]
+        ids = [np.asarray(row["input_ids"], dtype=np.int64).ravel() for row in rows]
         return (
-            np.array([np.asarray(row["input_ids"]).size for row in rows], dtype=np.int64),
+            np.array([part.size for part in ids], dtype=np.int64),
             np.concatenate(starts) if starts else np.zeros(0, np.int64),
             np.array([len(part) for part in starts], dtype=np.int64),
+            np.array([part.max() if part.size else -1 for part in ids], dtype=np.int64),
         )
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -178,6 +222,16 @@ def _read_group(file: str, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
         table = pq.ParquetFile(file).read_row_group(group, columns=["input_ids", "seq_start_id"])
     except (OSError, pa.ArrowException) as error:
         raise TightpackError(f"{file}: cannot read row group {group} ({error})") from error
-    _, lengths = flat_list_column(table.column("input_ids"))
+    ids, lengths = flat_list_column(table.column("input_ids"))
     starts, per_row = flat_list_column(table.column("seq_start_id"))
-    return lengths.astype(np.int64), starts.astype(np.int64), per_row.astype(np.int64)
+    return lengths.astype(np.int64), starts.astype(np.int64), per_row.astype(np.int64), _row_max(ids, lengths)
+
+
+def _row_max(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The largest value of each row of a flat list column (-1 for an empty row)."""
+    out = np.full(len(lengths), -1, dtype=np.int64)
+    filled = lengths > 0
+    if filled.any():
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        out[filled] = np.maximum.reduceat(values.astype(np.int64, copy=False), offsets[filled])
+    return out

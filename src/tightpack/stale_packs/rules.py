@@ -97,5 +97,13 @@ DATA_RULES: tuple[DataRule, ...] = (
         "the files are the ones the manifest lists, with its sizes (sha256 with `--deep`): none missing, "
         "changed or added after packing",
     ),
+    DataRule(
+        "D10",
+        ("error",),
+        "§2.3, §2.7",
+        "packs without a manifest: every token id lies in the configured tokenizer's vocabulary "
+        "(`tokenizer.tokenizer_model`, a local tokenizer; `GPT2BPETokenizer`: GPT-2's), on the sampled "
+        "rows of D8 (every row with `--deep`); with a manifest D7 compares the tokenizers themselves",
+    ),
 )
 RULE_IDS = tuple(rule.id for rule in DATA_RULES)
