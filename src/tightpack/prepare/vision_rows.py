@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tightpack.prepare.media import picture_size
 from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS, frame_timestamps
 from tightpack.prepare.vision_sizes import VisionSizes
 
@@ -94,12 +95,12 @@ def _resolve(path: Any, spec: VisionSpec) -> tuple[str, Path]:
 
 
 def _picture_size(path: Path) -> tuple[int, int]:
-    """``(height, width)`` from the file's header."""
-    from PIL import Image, UnidentifiedImageError
+    """``(height, width)`` from the file's header, EXIF orientation applied as the processor's
+    loader applies it (`tightpack.prepare.media.picture_size`)."""
+    from PIL import UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:  # lazy: reads the header, not the pixels
-            width, height = image.size
+        height, width = picture_size(path)
     except FileNotFoundError:
         raise MediaError(f"media file {path} does not exist") from None
     except (UnidentifiedImageError, OSError) as error:
