@@ -88,3 +88,47 @@ def test_open_image_turns_like_load_image(tmp_path):
     ours, theirs = open_image(tmp_path / "photo.jpg"), load_image(str(tmp_path / "photo.jpg"))
     assert np.array_equal(np.asarray(ours), np.asarray(theirs.convert("RGB")))
     assert picture_size(tmp_path / "photo.jpg") == (640, 360)
+
+
+def test_the_command_line_packs_at_the_processors_sizes(tmp_path):
+    """``tightpack pack --vision-processor`` on a folder as transformers 5 saves it (one
+    processor_config.json) and on one without video settings: the packs' grids are the processor's."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+    from tokenizers import Tokenizer
+    from transformers import AutoImageProcessor
+    from transformers.image_utils import load_image
+
+    from tests.conftest import run_main
+    from tightpack.prepare.tokenizer import load_tokenizer
+    from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS
+    from tightpack.prepare.vision_rows import parse_media_json
+
+    backend = Tokenizer.from_str(load_tokenizer().backend_json)
+    backend.add_special_tokens(list(QWEN_VL_TOKENS.values()))
+    backend.save(str(tmp_path / "tokenizer.json"))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(drawn_frame(360, 640, 0)).save(tmp_path / "photo.jpg", exif=exif.tobytes())
+    for k in range(4):
+        Image.fromarray(drawn_frame(240, 320, k)).save(tmp_path / f"frame{k}.png")
+    video = {"type": "video", "video": [f"frame{k}.png" for k in range(4)], "fps": 2.0}
+    content = [{"type": "image", "image": "photo.jpg"}, video, {"type": "text", "text": "What is it?"}]
+    row = {"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "A drawing."}]}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    for name in ("qwen2_5_vl/nested", "qwen2_5_vl/no_video_file"):
+        folder = write_folder(tmp_path / name, name)
+        out = tmp_path / "out" / name
+        command = ["pack", tmp_path / "rows.jsonl", "--output", out, "--pack-size", 4096]
+        done = run_main([*command, "--tokenizer", tmp_path / "tokenizer.json", "--vision-processor", folder])
+        assert done.returncode == 0, done.stderr
+        ((media,),) = (
+            pq.read_table(next(out.rglob("*.parquet")), columns=["media"]).column("media").to_pylist()
+        )
+        image, clip = parse_media_json(media)
+        expected = AutoImageProcessor.from_pretrained(folder)(
+            images=[load_image(str(tmp_path / "photo.jpg"))], return_tensors="np"
+        )
+        assert image.grid == tuple(expected["image_grid_thw"][0].tolist())
+        (recorded,) = [video[3:] for video in FOLDERS[name]["videos"] if video[:3] == [4, 240, 320]]
+        assert clip.grid == tuple(recorded)
