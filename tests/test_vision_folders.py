@@ -133,3 +133,14 @@ def test_the_command_line_packs_at_the_processors_sizes(tmp_path):
         assert image.grid == tuple(expected["image_grid_thw"][0].tolist())
         (recorded,) = [video[3:] for video in FOLDERS[name]["videos"] if video[:3] == [4, 240, 320]]
         assert clip.grid == tuple(recorded)
+
+
+def test_a_per_frame_cap_is_refused(tmp_path):
+    """``cap_pixels_per_frame`` changes the video processors' sizes in a way tightpack does not model."""
+    from tightpack.errors import TightpackError
+
+    folder = write_folder(tmp_path, "qwen3_vl/legacy")
+    video = json.loads((folder / "video_preprocessor_config.json").read_text())
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video | {"cap_pixels_per_frame": True}))
+    with pytest.raises(TightpackError, match="cap_pixels_per_frame"):
+        VisionSizes.from_folder(folder)

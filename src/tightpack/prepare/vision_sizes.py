@@ -4,9 +4,11 @@ A processor resizes a picture so both sides are multiples of ``factor = patch_si
 and its pixels lie within ``[min_pixels, max_pixels]``, keeping the aspect ratio as closely as it
 can (`fitted_size`); the grid is then ``(t, height / patch_size, width / patch_size)``. Videos have
 ``t = ceil(frames / temporal_patch_size)`` (the last frame repeated to fill the last temporal patch).
-Qwen2-VL and Qwen2.5-VL bound each frame's pixels; Qwen3-VL bounds the whole video's
-(``frames * height * width``). These are the rules of the installed transformers processors with
-their defaults (no per-frame cap on the total video budget); tests compare them with the processors.
+Qwen2VLVideoProcessor (Qwen2-VL, Qwen2.5-VL, and any folder whose video settings fall back to the
+image ones) bounds each frame's pixels; Qwen3VLVideoProcessor bounds the whole video's
+(``frames * height * width``). `VisionSizes.from_folder` reads a processor folder where and as
+transformers reads it (no per-frame cap on the video budget: a folder asking for one is refused);
+tests compare the grids with the processors loaded from the same folders.
 
 Only sizes are needed, so packing reads image headers, never pixels. Pure Python.
 """
