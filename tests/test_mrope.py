@@ -113,6 +113,51 @@ def test_temporal_scaling_in_the_precision_transformers_uses(models, seconds):
     assert torch.equal(ours, transformers_positions(models["qwen2_5_vl"], ids, None, videos, seconds))
 
 
+SECOND_FORMS = {
+    "float16": lambda values: torch.tensor(values, dtype=torch.float16),
+    "bfloat16": lambda values: torch.tensor(values, dtype=torch.bfloat16),
+    "float32": lambda values: torch.tensor(values, dtype=torch.float32),
+    "float64": lambda values: torch.tensor(values, dtype=torch.float64),
+    "list": list,
+    "list_of_bfloat16": lambda values: [torch.tensor(v, dtype=torch.bfloat16) for v in values],
+}
+
+
+@pytest.mark.parametrize("form", SECOND_FORMS)
+@pytest.mark.parametrize("with_image", [False, True])
+def test_temporal_positions_in_the_seconds_own_dtype(models, form, with_image):
+    """Mixed precision hands ``second_per_grid_ts`` as a bf16/f16 tensor: transformers scales the
+    frame index in that dtype (0.44 s in bfloat16: frame 25 at 22, not float32's 21), images or not."""
+    blocks = [("image", (1, 2, 2))] * with_image + [("video", (26, 2, 2)), ("video", (40, 2, 4))]
+    ids = block_ids("qwen2_5_vl", blocks, [1] * (len(blocks) + 1))
+    images, videos = split(blocks)
+    seconds = SECOND_FORMS[form]([0.44, 0.37])
+    rope = QwenVLRope.from_config(models["qwen2_5_vl"].config)
+    ours = qwen_vl_positions(
+        ids, rope, image_grid_thw=images, video_grid_thw=videos, second_per_grid_ts=seconds
+    )
+    theirs = transformers_positions(models["qwen2_5_vl"], ids, images, videos, seconds)
+    assert torch.equal(ours, theirs)
+
+
+@settings(max_examples=settings.default.max_examples // 2, deadline=None)
+@given(
+    form=st.sampled_from(sorted(SECOND_FORMS)),
+    seconds=st.lists(st.integers(5, 400).map(lambda hundredths: hundredths / 100), min_size=2, max_size=2),
+    frames=st.lists(st.integers(1, 64), min_size=2, max_size=2),
+)
+def test_temporal_positions_equal_transformers_for_any_seconds(models, form, seconds, frames):
+    blocks = [("image", (1, 2, 2)), ("video", (frames[0], 2, 2)), ("video", (frames[1], 2, 4))]
+    ids = block_ids("qwen2_5_vl", blocks, [1, 1, 0, 2])
+    images, videos = split(blocks)
+    per_video = SECOND_FORMS[form](seconds)
+    rope = QwenVLRope.from_config(models["qwen2_5_vl"].config)
+    ours = qwen_vl_positions(
+        ids, rope, image_grid_thw=images, video_grid_thw=videos, second_per_grid_ts=per_video
+    )
+    assert torch.equal(ours, transformers_positions(models["qwen2_5_vl"], ids, images, videos, per_video))
+
+
 def test_the_other_rule_equals_transformers_5_2():
     """transformers 5.2 resumed text at the largest position + 1 (tests/data/record_qwen_vl_rope.py)."""
     recorded = json.loads(RECORDED_5_2.read_text())

@@ -74,7 +74,9 @@ def test_settings_come_from_the_processor_folder(tmp_path):
         1024,
         65536,
     )
-    assert (sizes.video_min_pixels, sizes.video_max_pixels) == (4096, 8192)
+    # Qwen3VLVideoProcessor has no min_pixels/max_pixels override: its class `size` stays
+    assert (sizes.video_min_pixels, sizes.video_max_pixels) == (128 * 32 * 32, 768 * 32 * 32)
+    assert VisionSizes.from_folder(tmp_path, model="qwen2_5_vl").video_max_pixels == 8192
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
     with pytest.raises(TightpackError, match="cannot tell the model family"):
         VisionSizes.from_folder(tmp_path)

@@ -141,3 +141,37 @@ def test_packed_vlm_batch_equals_the_samples_concatenated(vlm_samples, multiple)
     if multiple > 1:
         mask = moe_padding_mask(batch["cu_seqlens_q"], batch["cu_seqlens_q_padded"], batch["total_tokens"])
         assert torch.equal(mask, batch["padding_mask"])
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda seconds: torch.tensor(seconds, dtype=torch.bfloat16),
+        lambda seconds: torch.tensor(seconds, dtype=torch.float16),
+        lambda seconds: torch.tensor(seconds, dtype=torch.float64),
+        list,
+    ],
+    ids=["bfloat16", "float16", "float64", "list"],
+)
+def test_packed_positions_scale_time_as_each_sample_alone(form):
+    """Long videos whose ``second_per_grid_ts`` comes as bf16/f16/f64 or a list: each member's positions
+    in the packed row equal transformers' on that member alone (a float32 cast moved frames by one)."""
+    model = tiny_model("qwen2_5_vl", dtype=torch.float32)
+    samples = []
+    for seconds, frames in [([0.44], 26), ([0.37, 0.61], 40), (None, 30)]:
+        grids = [(frames, 2, 2)] * (1 if seconds is None else len(seconds))
+        sample = {"input_ids": block_ids("qwen2_5_vl", [("video", g) for g in grids], [1] * (len(grids) + 1))}
+        sample["video_grid_thw"] = torch.tensor(grids)
+        if seconds is not None:
+            sample["second_per_grid_ts"] = form(seconds)
+        samples.append(sample)
+    batch = pack_vlm_samples(samples, QwenVLRope.from_config(model.config))
+    starts = batch["cu_seqlens_q"].tolist()
+    for sample, start in zip(samples, starts, strict=False):
+        ids = sample["input_ids"]
+        kinds = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
+        expected, _ = model.model.get_rope_index(
+            ids[None], kinds[None], video_grid_thw=sample["video_grid_thw"],
+            second_per_grid_ts=sample.get("second_per_grid_ts"),
+        )  # fmt: skip
+        assert torch.equal(batch["mrope_position_ids"][:, 0, start : start + len(ids)], expected[:, 0])

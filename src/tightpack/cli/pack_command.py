@@ -128,7 +128,8 @@ def pack(
     vision_processor: Annotated[
         Path | None,
         typer.Option(
-            help="Qwen-VL packing: the model's processor folder (preprocessor_config.json); chat rows may "
+            help="Qwen-VL packing: the model's processor folder (what processor.save_pretrained writes: "
+            "processor_config.json or preprocessor_config.json); chat rows may "
             "then hold image and video parts (docs/vision.md).",
         ),
     ] = None,

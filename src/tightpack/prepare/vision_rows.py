@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tightpack.errors import TightpackError
+from tightpack.prepare.media import picture_size
 from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS, frame_timestamps
 from tightpack.prepare.vision_sizes import VisionSizes
 
@@ -109,15 +110,12 @@ def _resolve(path: Any, spec: VisionSpec) -> tuple[str, Path]:
 
 
 def _picture_size(path: Path) -> tuple[int, int]:
-    """``(height, width)`` of a picture as the processors see it (turned upright by its EXIF
-    orientation, as transformers' ``load_image`` does), decoded in full: a file that decodes only in
-    part fails here, when packing, instead of in the middle of a training epoch."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    """``(height, width)`` of a picture as the processors see it (`tightpack.prepare.media.picture_size`:
+    upright by its EXIF orientation, decoded in full, so a damaged file fails when packing)."""
+    from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
-            image.load()
-            width, height = ImageOps.exif_transpose(image).size
+        height, width = picture_size(path)
     except FileNotFoundError:
         raise MediaError(f"media file {path} does not exist") from None
     except UnidentifiedImageError as error:

@@ -4,9 +4,11 @@ A processor resizes a picture so both sides are multiples of ``factor = patch_si
 and its pixels lie within ``[min_pixels, max_pixels]``, keeping the aspect ratio as closely as it
 can (`fitted_size`); the grid is then ``(t, height / patch_size, width / patch_size)``. Videos have
 ``t = ceil(frames / temporal_patch_size)`` (the last frame repeated to fill the last temporal patch).
-Qwen2-VL and Qwen2.5-VL bound each frame's pixels; Qwen3-VL bounds the whole video's
-(``frames * height * width``). These are the rules of the installed transformers processors with
-their defaults (no per-frame cap on the total video budget); tests compare them with the processors.
+Qwen2VLVideoProcessor (Qwen2-VL, Qwen2.5-VL, and any folder whose video settings fall back to the
+image ones) bounds each frame's pixels; Qwen3VLVideoProcessor bounds the whole video's
+(``frames * height * width``). `VisionSizes.from_folder` reads a processor folder where and as
+transformers reads it (no per-frame cap on the video budget: a folder asking for one is refused);
+tests compare the grids with the processors loaded from the same folders.
 
 Only sizes are needed, so packing reads image headers, never pixels. Pure Python.
 """
@@ -84,27 +86,39 @@ class VisionSizes:
     image_max_pixels: int | None = None
     video_min_pixels: int | None = None
     video_max_pixels: int | None = None
+    video_bounds: str | None = None
+    """``"frame"``: pixel bounds per frame (Qwen2VLVideoProcessor); ``"clip"``: bounds on the whole
+    video (Qwen3VLVideoProcessor). None: the family's own video processor's."""
 
     def __post_init__(self) -> None:
         check_choice("vision model", self.model, tuple(_DEFAULTS))
+        if self.video_bounds is None:
+            object.__setattr__(self, "video_bounds", "clip" if self.model == "qwen3_vl" else "frame")
+        check_choice("video_bounds", self.video_bounds, ("frame", "clip"))
         for name, value in _DEFAULTS[self.model].items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
 
     @classmethod
     def from_folder(cls, folder: str | Path, model: str | None = None) -> VisionSizes:
-        """The settings saved with a model's processor: ``preprocessor_config.json`` (images) and
-        ``video_preprocessor_config.json`` (videos, when present); the family from ``config.json``'s
-        ``model_type`` unless ``model`` names it.
+        """The settings saved with a model's processor, found where transformers looks: the image
+        processor's in ``processor_config.json`` (``"image_processor"``, as transformers 5 saves a
+        processor) else ``preprocessor_config.json``; the video processor's in
+        ``processor_config.json`` (``"video_processor"``) else ``video_preprocessor_config.json``
+        else ``preprocessor_config.json`` (transformers builds the video processor from the image
+        settings then). ``min_pixels`` / ``max_pixels`` override ``size`` as the Qwen2-VL processors'
+        constructors do. The family comes from ``config.json``'s ``model_type`` unless ``model`` names it.
 
         Raises:
-            TightpackError: when the folder has no ``preprocessor_config.json``, or no family is known.
+            TightpackError: when the folder holds no image processor settings, no family is known,
+                or the video settings ask for a per-frame cap (``cap_pixels_per_frame``), not modeled.
         """
         folder = Path(folder)
-        image_file = folder / "preprocessor_config.json"
-        if not image_file.is_file():
+        image = _processor_settings(folder, "image_processor", ("preprocessor_config.json",))
+        if image is None:
             raise TightpackError(
-                f"{folder} has no preprocessor_config.json; pass the folder of the model's processor "
+                f"{folder} has no processor_config.json with image_processor settings and no "
+                "preprocessor_config.json; pass the folder of the model's processor "
                 "(processor.save_pretrained(folder) writes it)"
             )
         if model is None:
@@ -119,8 +133,7 @@ class VisionSizes:
                     "name it with --vision qwen2_vl|qwen2_5_vl|qwen3_vl"
                 )
         sizes = cls(model)
-        image = json.loads(image_file.read_text())
-        low, high = _pixel_bounds(image, sizes.image_min_pixels, sizes.image_max_pixels)
+        low, high = _pixel_bounds(image, sizes.image_min_pixels, sizes.image_max_pixels, True)
         sizes = replace(
             sizes,
             patch_size=image.get("patch_size", sizes.patch_size),
@@ -129,11 +142,22 @@ class VisionSizes:
             image_min_pixels=low,
             image_max_pixels=high,
         )
-        video_file = folder / "video_preprocessor_config.json"
-        if video_file.is_file():
-            video = json.loads(video_file.read_text())
-            low, high = _pixel_bounds(video, sizes.video_min_pixels, sizes.video_max_pixels)
-            sizes = replace(sizes, video_min_pixels=low, video_max_pixels=high)
+        video = _processor_settings(
+            folder, "video_processor", ("video_preprocessor_config.json", "preprocessor_config.json")
+        )
+        if video is not None:
+            if video.get("cap_pixels_per_frame"):
+                raise TightpackError(
+                    f"the video processor settings of {folder} set cap_pixels_per_frame, which tightpack "
+                    "does not model; remove it from the settings or pack without videos"
+                )
+            # transformers picks the class from the settings (a Qwen3-VL folder without video
+            # settings gets Qwen2VLVideoProcessor); Qwen3VLVideoProcessor has no min/max_pixels override
+            bounds = _VIDEO_BOUNDS.get(_video_processor_class(video), sizes.video_bounds)
+            low, high = _pixel_bounds(
+                video, sizes.video_min_pixels, sizes.video_max_pixels, bounds == "frame"
+            )
+            sizes = replace(sizes, video_min_pixels=low, video_max_pixels=high, video_bounds=bounds)
         return sizes
 
     @property
@@ -149,7 +173,7 @@ class VisionSizes:
         """``(t, h, w)`` patches of ``frames`` frames of ``height x width``."""
         if frames < 1:
             raise TightpackError("a video needs at least one frame")
-        if self.model == "qwen3_vl":
+        if self.video_bounds == "clip":
             if frames < self.temporal_patch_size:
                 raise TightpackError(
                     f"Qwen3-VL needs at least {self.temporal_patch_size} frames per video, got {frames}"
@@ -166,10 +190,39 @@ class VisionSizes:
         return -(-frames // self.temporal_patch_size), h // self.patch_size, w // self.patch_size
 
 
-def _pixel_bounds(config: dict, low: int, high: int) -> tuple[int, int]:
-    """``(min_pixels, max_pixels)`` of a processor config: ``size`` (``shortest_edge`` and
-    ``longest_edge`` hold pixel counts in Qwen-VL processors), else ``min_pixels`` / ``max_pixels``."""
+_VIDEO_BOUNDS = {"Qwen2VLVideoProcessor": "frame", "Qwen3VLVideoProcessor": "clip"}
+
+
+def _video_processor_class(video: dict) -> str | None:
+    """The video processor class transformers' AutoVideoProcessor builds from these settings: theirs,
+    or for image settings (no video file) the image class's name with "Video" for "Image"."""
+    if video.get("video_processor_type"):
+        return video["video_processor_type"]
+    image_class = video.get("image_processor_type")
+    return image_class.replace("ImageProcessor", "VideoProcessor") if image_class else None
+
+
+def _processor_settings(folder: Path, part: str, files: tuple[str, ...]) -> dict | None:
+    """One processor's saved settings, in transformers' order: the nested ``processor_config.json``
+    entry ``part``, else the first of ``files`` present; None when none holds them."""
+    nested = folder / "processor_config.json"
+    if nested.is_file():
+        settings = json.loads(nested.read_text())
+        if isinstance(settings.get(part), dict):
+            return settings[part]
+    for name in files:
+        if (folder / name).is_file():
+            return json.loads((folder / name).read_text())
+    return None
+
+
+def _pixel_bounds(config: dict, low: int, high: int, pixels_override_size: bool) -> tuple[int, int]:
+    """``(min_pixels, max_pixels)`` of a processor's settings: ``size`` (``shortest_edge`` and
+    ``longest_edge`` hold pixel counts in Qwen-VL processors), with ``min_pixels`` / ``max_pixels``
+    replacing them where given (and ``pixels_override_size``), as the processors' constructors do."""
     size = config.get("size") or {}
-    low = size.get("shortest_edge", config.get("min_pixels", low))
-    high = size.get("longest_edge", config.get("max_pixels", high))
+    low, high = size.get("shortest_edge", low), size.get("longest_edge", high)
+    if pixels_override_size:
+        low = low if config.get("min_pixels") is None else config["min_pixels"]
+        high = high if config.get("max_pixels") is None else config["max_pixels"]
     return int(low), int(high)

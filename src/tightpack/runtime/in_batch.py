@@ -203,7 +203,7 @@ def pack_samples(
     for key in VISUAL_KEYS:
         present = [sample[key] for sample in samples if sample.get(key) is not None]
         if present:
-            batch[key] = torch.cat(present, dim=0)
+            batch[key] = torch.cat([torch.as_tensor(value) for value in present], dim=0)
     return batch
 
 

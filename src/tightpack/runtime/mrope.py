@@ -135,7 +135,14 @@ def _items(
         video_intervals *= rope.tokens_per_second
     elif rope.model == "qwen2_5_vl":
         # in the precision transformers multiplies in, so the truncation below matches theirs bit for
-        # bit: a float tensor's own dtype; Python numbers as one float32 rounding of a float64 product
+        # bit: a float tensor's own dtype (bf16 and f16 included: mixed precision hands those);
+        # Python numbers as one float32 rounding of a float64 product
+        if isinstance(second_per_grid_ts, (list, tuple)) and any(
+            isinstance(value, torch.Tensor) for value in second_per_grid_ts
+        ):  # transformers iterates the list: each 0-d tensor keeps its dtype
+            second_per_grid_ts = torch.stack(
+                [torch.as_tensor(value).reshape(()) for value in second_per_grid_ts]
+            )
         if isinstance(second_per_grid_ts, torch.Tensor) and second_per_grid_ts.is_floating_point():
             video_intervals = rope.tokens_per_second * second_per_grid_ts.reshape(-1)
         else:
@@ -167,6 +174,17 @@ def _locate(
         counts, ends = counts.new_ones(1), counts.new_ones(1)
     item = torch.searchsorted(ends, rank.clamp(0, len(rank)), right=True).clamp(max=len(grids) - 1)
     return grids[item], intervals[item], rank - (ends[item] - counts[item])
+
+
+def _scaled(
+    frames: torch.Tensor, is_image: torch.Tensor, image_interval: torch.Tensor, video_interval: torch.Tensor
+) -> torch.Tensor:
+    """``floor(frame * interval)`` per visual token, each modality in its own intervals' dtype: one
+    float tensor for both would promote bf16/f16 video intervals to float32, truncating differently
+    from transformers, which scales each block on its own."""
+    image_steps = (frames.to(image_interval.dtype) * image_interval).long()
+    video_steps = (frames.to(video_interval.dtype) * video_interval).long()
+    return torch.where(is_image, image_steps, video_steps)
 
 
 def qwen_vl_positions(
@@ -210,7 +228,6 @@ def qwen_vl_positions(
         torch.where(is_image, -1, video_rank), videos, video_intervals, "video"
     )
     grid = torch.where(is_image[:, None], image_grid, video_grid)
-    interval = torch.where(is_image, image_interval, video_interval)
     offset = torch.where(is_image, image_offset, video_offset)
 
     previous = kind[(where - 1).clamp(min=0)]
@@ -222,13 +239,13 @@ def qwen_vl_positions(
         )
 
     t, h, w = grid.unbind(1)
-    temporal_step = (offset // (h * w)).to(interval.dtype) * interval
-    temporal = temporal_step.long()
+    frame = offset // (h * w)
+    temporal = _scaled(frame, is_image, image_interval, video_interval)
     height, width = (offset // w) % h, offset % w
     if rope.rule == "spatial_extent":
         block_advance = torch.maximum(h, w)
     else:
-        last_temporal = ((t - 1).to(interval.dtype) * interval).long()
+        last_temporal = _scaled(t - 1, is_image, image_interval, video_interval)
         block_advance = torch.maximum(last_temporal, torch.maximum(h, w) - 1) + 1
 
     advance = torch.ones(len(ids), dtype=torch.long)  # text moves the position by one

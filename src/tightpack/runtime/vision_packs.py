@@ -24,6 +24,7 @@ import torch
 
 from tightpack.errors import TightpackError
 from tightpack.prepare.formats import FormatConfig
+from tightpack.prepare.media import open_image
 from tightpack.prepare.tokenize import Encoder
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_rows import MediaItem, VisionSpec, parse_media_json
@@ -54,11 +55,10 @@ def open_picture(path: str | Path) -> Any:
     Raises:
         TightpackError: naming the file, when it is missing or cannot be decoded.
     """
-    from PIL import Image, ImageOps
+    from PIL import Image
 
     try:
-        with Image.open(path) as picture:
-            return ImageOps.exif_transpose(picture).convert("RGB")
+        return open_image(path)
     except FileNotFoundError:
         raise TightpackError(f"media file {path} does not exist (moved or deleted since packing?)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:

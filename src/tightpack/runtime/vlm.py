@@ -210,16 +210,11 @@ def add_vision(
     for key in VISUAL_KEYS:
         present = [visual[key] for visual in visuals if visual.get(key) is not None]
         if present:
-            batch[key] = torch.cat(present, dim=0)
-    videos = [len(_grid_rows(visual.get("video_grid_thw"))) for visual in visuals]
-    if any(visual.get("second_per_grid_ts") is not None for visual in visuals):
-        batch["second_per_grid_ts"] = torch.cat(
-            [
-                torch.as_tensor(visual["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
-                if visual.get("second_per_grid_ts") is not None
-                else torch.ones(count)
-                for visual, count in zip(visuals, videos, strict=True)
-            ]
+            batch[key] = torch.cat([torch.as_tensor(value) for value in present], dim=0)
+    seconds = _seconds_per_grid(visuals)
+    if seconds is not None:
+        batch["second_per_grid_ts"] = torch.as_tensor(
+            seconds, dtype=None if torch.is_tensor(seconds) else torch.float32
         )
     tokens = thd.token_tensor(batch).reshape(-1)
     lengths = thd.logical_boundaries(batch).reshape(-1).long().diff()
@@ -237,7 +232,7 @@ def add_vision(
         rope,
         image_grid_thw=batch.get("image_grid_thw"),
         video_grid_thw=batch.get("video_grid_thw"),
-        second_per_grid_ts=batch.get("second_per_grid_ts"),
+        second_per_grid_ts=seconds,
         lengths=lengths,
     )
     mrope = torch.zeros(3, 1, len(tokens), dtype=torch.long)
@@ -249,6 +244,44 @@ def add_vision(
 
 def _has_visuals(visual: Mapping[str, Any]) -> bool:
     return any(visual.get(key) is not None for key in VISUAL_KEYS)
+
+
+def _seconds_per_grid(visuals: Sequence[Mapping[str, Any]]) -> torch.Tensor | list[float] | None:
+    """The members' ``second_per_grid_ts`` in stream order (1.0 for the videos of a member without),
+    in the form transformers scales positions in for each member alone: one float tensor dtype
+    (bf16 and f16 too) is kept, Python numbers stay a list; mixed forms become one float32 tensor."""
+    given = [visual.get("second_per_grid_ts") for visual in visuals]
+    present = [value for value in given if value is not None]
+    if not present:
+        return None
+    videos = [len(_grid_rows(visual.get("video_grid_thw"))) for visual in visuals]
+    dtypes = {
+        value.dtype if torch.is_tensor(value) and value.is_floating_point() else None for value in present
+    }
+    if len(dtypes) == 1 and None not in dtypes:
+        (dtype,) = dtypes
+        return torch.cat(
+            [
+                torch.ones(count, dtype=dtype) if value is None else value.reshape(-1)
+                for value, count in zip(given, videos, strict=True)
+            ]
+        )
+    if not any(torch.is_tensor(value) for value in present):
+        return [
+            float(second)
+            for value, count in zip(given, videos, strict=True)
+            for second in (
+                [1.0] * count
+                if value is None
+                else torch.as_tensor(value, dtype=torch.float64).reshape(-1).tolist()
+            )
+        ]
+    return torch.cat(
+        [
+            torch.ones(count) if value is None else torch.as_tensor(value, dtype=torch.float32).reshape(-1)
+            for value, count in zip(given, videos, strict=True)
+        ]
+    )
 
 
 def _grid_rows(grid_thw: Any) -> torch.Tensor:
