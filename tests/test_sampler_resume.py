@@ -211,6 +211,31 @@ def test_stateful_dataloader_with_workers_resumes_exactly_at_every_cut(name):
         assert list(second) == following, cut
 
 
+def test_stateful_dataloader_resumes_a_token_budget_pass_cut_inside_an_optimizer_step():
+    """torchdata snapshots the running pass after every micro-batch; with two micro-batches per step
+    half of its cuts fall inside a step, and each resumes exactly (the loop's own count is refused
+    there: it saves after whole steps)."""
+
+    def sampler(position=0):
+        return TokenBudgetBatchSampler(LENGTHS[:48], 128, seed=3, micro_batches_per_step=2,
+                                       consumed_micro_batches=position)  # fmt: skip
+
+    def loader():
+        return StatefulDataLoader(Echo(), batch_sampler=sampler(), num_workers=2, collate_fn=list)
+
+    epoch = list(sampler())
+    assert len(epoch) >= 6
+    for cut in range(len(epoch) + 1):
+        first = loader()
+        batches = iter(first)
+        head = [next(batches) for _ in range(cut)]
+        state = first.state_dict()
+        del batches, first
+        second = loader()
+        second.load_state_dict(state)
+        assert head + list(second) == epoch, cut
+
+
 def test_load_state_dict_refuses_other_settings_and_lets_batch_change_the_data_parallel_size():
     batch = BY_NAME["batch"]
     state = batch().state_dict(2 * GBS)

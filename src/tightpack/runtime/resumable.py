@@ -82,8 +82,11 @@ class ResumableSampler:
         return False
 
     # -- the shared part ---------------------------------------------------------------------------
-    def checked_position(self, value: object) -> int:
+    def checked_position(self, value: object, *, within_step: bool = False) -> int:
         """``value`` as a resume position, or a `TightpackError` saying why it is none.
+
+        ``within_step``: the position of a running pass (torchdata's snapshot of the iterator, taken
+        when it drew a yield), which may stop inside an optimizer step: any whole yield is exact.
 
         >>> from tightpack.runtime.samplers import PackedBatchSampler
         >>> PackedBatchSampler(64, dataloader_type="batch", micro_batch_size=1,
@@ -98,7 +101,7 @@ class ResumableSampler:
         position = int(value)
         if position < 0:
             raise TightpackError(f"{name} must be >= 0, got {position}")
-        unit = self.position_unit
+        unit = self.yield_size if within_step else self.position_unit
         if position % unit and not self.is_final_position(position):
             below = position - position % unit
             raise TightpackError(
@@ -185,7 +188,7 @@ class SamplerPass:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue this pass from a `state_dict` of a pass over an equal sampler."""
-        position = self._sampler.checked_position(state[self._sampler.position_name])
+        position = self._sampler.checked_position(state[self._sampler.position_name], within_step=True)
         epoch = state.get("epoch")
         length = self._sampler.epoch_length
         if (
