@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 SOURCES := pyproject.toml setup.py constraints.txt src/tightpack/core/_firstfit.c
 
-.PHONY: demo test fuzz lint bench clean
+.PHONY: demo test test-oldest fuzz lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,26 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -q
 
+# The oldest supported transformers (pyproject's floor) in a second venv, on the test modules that run
+# transformers models, tokenizers or processors. Outside `make test` (docs/transformers-releases.md).
+OLDEST := .venv-oldest
+OLDEST_TRANSFORMERS := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+TRANSFORMERS_TESTS := tests/test_transformers_releases.py tests/test_parity.py tests/test_hf_trainer.py \
+	tests/test_hf_datasets.py tests/test_packing_probe.py tests/test_tokenizer.py tests/test_chat_content.py \
+	tests/test_formats.py tests/test_truncation.py tests/test_balanced_paths.py tests/test_thd.py \
+	tests/test_mrope.py tests/test_vlm.py tests/test_vlm_parity.py tests/test_vision_sizes.py \
+	tests/test_vision_packs.py tests/test_qwen_vl_media.py
+
+$(OLDEST)/.installed: $(SOURCES)
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --disable-pip-version-check -q -c constraints.txt torch==2.13.0
+	$(OLDEST)/bin/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[dev]' \
+		transformers==$(OLDEST_TRANSFORMERS)
+	touch $@
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider $(TRANSFORMERS_TESTS)
+
 # Every property test (hypothesis marks them) with the deeper `fuzz` profile of tests/conftest.py: 30x the
 # examples of `make test`. The statistics report how many examples each test ran.
 fuzz: $(VENV)/.installed-dev
@@ -52,4 +72,4 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_training.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/tightpack/core/*.so packed-demo
+	rm -rf $(VENV) $(OLDEST) build src/*.egg-info src/tightpack/core/*.so packed-demo
