@@ -16,7 +16,12 @@ import pytest
 from tests.tiny_families import tiny_model
 from tightpack.errors import TightpackError
 from tightpack.runtime.hf import PACKED_ATTENTION, check_packable
-from tightpack.runtime.transformers_releases import RELEASE_FLOORS, check_release, parse_release
+from tightpack.runtime.transformers_releases import (
+    FAMILY_FLOORS,
+    RELEASE_FLOORS,
+    check_release,
+    parse_release,
+)
 
 MASK_FROM_POSITIONS = ["eager", "sdpa", "flex_attention"]
 
@@ -85,3 +90,13 @@ def test_check_packable_refuses_a_model_on_a_release_that_cannot_pack_it(attenti
     with pytest.raises(TightpackError, match=rf"transformers 4\.53\.0 .*attn_implementation='{attention}'"):
         check_packable(model, transformers_release="4.53.0")
     check_packable(model, transformers_release="4.54.0")
+
+
+def test_check_packable_refuses_gpt2_before_its_own_mask_reads_positions():
+    model = tiny_model("gpt2")
+    with pytest.raises(
+        TightpackError, match=r"transformers 4\.54\.0 builds gpt2's attention mask .*>=4\.55\.0"
+    ):
+        check_packable(model, transformers_release="4.54.0")
+    check_packable(model, transformers_release=".".join(map(str, FAMILY_FLOORS["gpt2"])))
+    check_packable(tiny_model("llama"), transformers_release="4.54.0")  # Llama's mask reads them there

@@ -39,6 +39,7 @@ from tightpack.runtime.equivalence.hf import ProbeReport, ProbeSkipped, check_pa
 from tightpack.runtime.hf_kwargs import hf_packed_kwargs, hf_packed_vlm_kwargs, model_kwargs
 from tightpack.runtime.transformers_releases import (
     RELEASE_FLOORS,
+    check_family_release,
     check_release,
     installed_release,
     parse_release,
@@ -85,6 +86,7 @@ def check_packable(
         check_release(attention, release)
     check_architecture(model)
     model_type = getattr(config, "model_type", None)
+    check_family_release(getattr(text_config, "model_type", model_type), release)
     if not vlm:
         if model_type in _QWEN_VL_SINCE:
             raise TightpackError(

@@ -17,7 +17,15 @@ from importlib.metadata import PackageNotFoundError, version
 
 from tightpack.errors import TightpackError
 
-__all__ = ["RELEASE_FLOORS", "ReleaseFloor", "check_release", "installed_release", "parse_release"]
+__all__ = [
+    "FAMILY_FLOORS",
+    "RELEASE_FLOORS",
+    "ReleaseFloor",
+    "check_family_release",
+    "check_release",
+    "installed_release",
+    "parse_release",
+]
 
 Release = tuple[int, int, int]
 
@@ -48,6 +56,14 @@ RELEASE_FLOORS: dict[str, ReleaseFloor] = {
     # 4.53.0: the first release that has flash_attention_3; it shares the varlen path above.
     "flash_attention_3": ReleaseFloor(transformers=(4, 53, 0)),
 }
+
+# Model families (``model_type``) whose own code reads the packed positions only from a later release
+# than their attention implementation. gpt2: 4.55.0 moved GPT2Model to `masking_utils.create_causal_mask`
+# with position_ids; 4.54 keeps its own `_update_causal_mask`, which ignores them (a tiny GPT-2 with
+# sdpa leaks 105% of one causal mask's change on 4.54.0). Many others still build their mask that way
+# on 4.57 (falcon, gptj, gpt_neo, codegen, stablelm, qwen2_moe, olmoe, ...); the equivalence probe
+# refuses them on the first packed row.
+FAMILY_FLOORS: dict[str, Release] = {"gpt2": (4, 55, 0)}
 
 
 def parse_release(text: str) -> Release:
@@ -117,3 +133,24 @@ def check_release(
             f"attn_implementation={attn_implementation!r} (it builds the packed mask only on torch>="
             f"{_text(floor.torch)}): upgrade with pip install 'torch>={_text(floor.torch)}'"
         )
+
+
+def check_family_release(model_type: str | None, version: str | None = None) -> None:
+    """Refuse a model family (``model_type``) that the transformers ``version`` (default: installed)
+    runs with one causal mask over a packed row although its attention implementation could pack.
+
+    >>> check_family_release("gpt2", "4.55.0")
+    >>> check_family_release("gpt2", "4.54.0")
+    Traceback (most recent call last):
+    ...
+    tightpack.errors.TightpackError: transformers 4.54.0 builds gpt2's attention mask without ...
+    """
+    floor = FAMILY_FLOORS.get(model_type or "")
+    version = version or installed_release("transformers")
+    if floor is None or version is None or parse_release(version) >= floor:
+        return
+    raise TightpackError(
+        f"transformers {version} builds {model_type}'s attention mask without reading position_ids, so "
+        f"one causal mask covers the whole packed row; the first release that packs {model_type} is "
+        f"{_text(floor)}: upgrade with pip install 'transformers>={_text(floor)}'"
+    )
