@@ -37,7 +37,13 @@ from tightpack.logs import logger
 from tightpack.runtime.equivalence.architectures import check_architecture
 from tightpack.runtime.equivalence.hf import ProbeReport, ProbeSkipped, check_packing, probe_enabled
 from tightpack.runtime.hf_kwargs import hf_packed_kwargs, hf_packed_vlm_kwargs, model_kwargs
-from tightpack.runtime.mrope import transformers_version
+from tightpack.runtime.transformers_releases import (
+    RELEASE_FLOORS,
+    check_family_release,
+    check_release,
+    installed_release,
+    parse_release,
+)
 
 __all__ = [
     "PACKED_ATTENTION",
@@ -48,22 +54,26 @@ __all__ = [
     "packed_forward",
 ]
 
-# attention implementations that keep packed sequences apart when given positions and no 2-D mask:
-# eager, sdpa and flex build a block-diagonal mask from the positions, the flash kernels take the
-# boundaries from the positions (or from ``cu_seq_lens``)
-PACKED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+# attention implementations that keep packed sequences apart when given positions and no 2-D mask
+# (on a recent enough transformers: `tightpack.runtime.transformers_releases`): eager, sdpa and flex
+# build a block-diagonal mask from the positions, the flash kernels take the boundaries from the
+# positions (or from ``cu_seq_lens``)
+PACKED_ATTENTION = tuple(RELEASE_FLOORS)
 # Qwen-VL model types -> the first transformers release that reads row 0 of [4, B, L] positions
 _QWEN_VL_SINCE = {"qwen2_vl": (4, 54), "qwen2_5_vl": (4, 54), "qwen3_vl": (4, 57), "qwen3_vl_moe": (4, 57)}
 # models whose first packed row went through the probe (keyed weakly: a deleted model is forgotten)
 _PROBED: weakref.WeakKeyDictionary[torch.nn.Module, ProbeReport | None] = weakref.WeakKeyDictionary()
 
 
-def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
+def check_packable(
+    model: torch.nn.Module, vlm: bool = False, *, transformers_release: str | None = None
+) -> None:
     """Refuse a model that would attend across packed sequences: an attention implementation outside
-    `PACKED_ATTENTION`, a family the installed transformers cannot pack
-    (`tightpack.runtime.equivalence.architectures`), a Qwen-VL model without multimodal positions
-    (``vlm=False``), multimodal positions for another model or on a transformers release that cannot
-    pack it (``vlm=True``).
+    `PACKED_ATTENTION` or that the transformers release (``transformers_release``, default the
+    installed one) cannot pack (`tightpack.runtime.transformers_releases.check_release`), a family
+    the installed transformers cannot pack (`tightpack.runtime.equivalence.architectures`), a
+    Qwen-VL model without multimodal positions (``vlm=False``), multimodal positions for another
+    model or on a transformers release that cannot pack it (``vlm=True``).
 
     Raises:
         TightpackError: naming the problem and the fix.
@@ -71,13 +81,12 @@ def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     attention = getattr(text_config, "_attn_implementation", None)
-    if attention is not None and attention not in PACKED_ATTENTION:
-        raise TightpackError(
-            f"attention implementation {attention!r} does not keep packed sequences apart; load the model "
-            f"with attn_implementation= one of {', '.join(PACKED_ATTENTION)}"
-        )
+    release = transformers_release or installed_release("transformers")
+    if attention is not None:
+        check_release(attention, release)
     check_architecture(model)
     model_type = getattr(config, "model_type", None)
+    check_family_release(getattr(text_config, "model_type", model_type), release)
     if not vlm:
         if model_type in _QWEN_VL_SINCE:
             raise TightpackError(
@@ -91,11 +100,10 @@ def check_packable(model: torch.nn.Module, vlm: bool = False) -> None:
             f"the batch holds multimodal positions, which only Qwen-VL models ({', '.join(_QWEN_VL_SINCE)}) "
             f"take; this model is {model_type!r}"
         )
-    installed = transformers_version() or (0, 0)
-    if installed < _QWEN_VL_SINCE[model_type]:
+    if release is not None and parse_release(release)[:2] < _QWEN_VL_SINCE[model_type]:
         since = ".".join(map(str, _QWEN_VL_SINCE[model_type]))
         raise TightpackError(
-            f"transformers {'.'.join(map(str, installed))} does not find packed sequences in {model_type}'s "
+            f"transformers {release} does not find packed sequences in {model_type}'s "
             f"positions, so attention would cross them; upgrade to transformers>={since}"
         )
 
