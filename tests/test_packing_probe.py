@@ -252,3 +252,52 @@ def test_the_trainer_probe_can_be_turned_off(switch, rows, tokenizer, tmp_path, 
     trainer = _trainer(tiny_model("llama").train(), MaskAddingCollator(tokenizer), rows, tmp_path, callback)
     trainer.train()  # trains on the leaking batches: the user chose to
     assert trainer.state.global_step == 2 and callback.report is None
+
+
+# --- what a user's own collator or call can get wrong around the probe ---
+
+
+def test_labels_that_cross_sequences_are_refused(trainer_batch):
+    """A collator that copies input_ids into labels (and gives no shift_labels) makes each sequence's
+    last token learn the next sequence's first: attention is right, the targets are not."""
+    model = tiny_model("llama")
+    naive = {key: value for key, value in trainer_batch.items() if key != "shift_labels"}
+    naive["labels"] = trainer_batch["input_ids"].clone()
+    with pytest.raises(TightpackError, match=r"labels cross sequences: the first label of 5 of the 5 later"):
+        check_packing(model, naive)
+    without_shift = {key: value for key, value in trainer_batch.items() if key != "shift_labels"}
+    assert check_packing(model, without_shift).passed  # PackingCollator's labels: -100 at every start
+
+
+def test_packed_forward_refuses_a_two_dimensional_mask_in_the_batch(rows, tokenizer):
+    batch = TextSFTCollator(tokenizer, enable_in_batch_packing=True)(rows[:4])
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    with pytest.raises(TightpackError, match=re.escape("a 2-D attention_mask (batch key) on a packed row")):
+        packed_forward(tiny_model("llama"), batch)
+
+
+def test_packed_forward_on_trainer_inputs_says_where_they_belong(trainer_batch):
+    with pytest.raises(TightpackError, match=re.escape("run model(**batch)")):
+        packed_forward(tiny_model("llama"), trainer_batch)
+
+
+def test_an_empty_row_is_skipped_not_crashed():
+    empty = {
+        "input_ids": torch.zeros(1, 0, dtype=torch.long),
+        "position_ids": torch.zeros(1, 0, dtype=torch.long),
+    }
+    with pytest.raises(ProbeSkipped):
+        check_packing(tiny_model("llama"), empty)
+
+
+def test_an_empty_online_sample_names_its_key():
+    samples = [
+        {"key": "a", "input_ids": torch.arange(5)},
+        {"key": "b", "input_ids": torch.zeros(0, dtype=torch.long)},
+    ]
+    packer = OnlinePacker(
+        lambda start, stride: iter(samples[start::stride]),
+        OnlinePackConfig(pack_size=64, packing_buffer_size=4),
+    )
+    with pytest.raises(TightpackError, match="sample 'b' has no tokens"):
+        list(packer)

@@ -34,6 +34,7 @@ import torch
 
 from tightpack.errors import TightpackError
 from tightpack.logs import logger
+from tightpack.runtime import thd
 from tightpack.runtime.equivalence.architectures import check_architecture
 from tightpack.runtime.equivalence.hf import ProbeReport, ProbeSkipped, check_packing, probe_enabled
 from tightpack.runtime.hf_kwargs import hf_packed_kwargs, hf_packed_vlm_kwargs, model_kwargs
@@ -133,12 +134,24 @@ def packed_forward(
     """
     if kwargs.pop("use_cache", False):
         raise TightpackError("use_cache=True on a packed row makes attention cross sequences; drop it")
-    mask = kwargs.get("attention_mask")
-    if mask is not None and mask.dim() == 2:
-        raise TightpackError(
-            "a 2-D attention_mask on a packed row makes transformers ignore the sequence boundaries; "
-            "pass none (position_ids carry the boundaries) or a 4-D block-diagonal mask"
+    if not thd.is_packed(batch):
+        hint = (
+            "; this one holds a model's keyword arguments (cu_seq_lens_q, as PackingCollator gives them): "
+            "run model(**batch), and check it with check_packing(model, batch)"
         )
+        raise TightpackError(
+            "packed_forward takes a THD batch (cu_seqlens_q: PackedCollate, TextSFTCollator with "
+            "enable_in_batch_packing=True, OnlinePacker)" + (hint if "cu_seq_lens_q" in batch else "")
+        )
+    for where, mask in (
+        ("argument", kwargs.get("attention_mask")),
+        ("batch key", batch.get("attention_mask")),
+    ):
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            raise TightpackError(
+                f"a 2-D attention_mask ({where}) on a packed row makes transformers ignore the sequence "
+                "boundaries; pass none (position_ids carry the boundaries) or a 4-D block-diagonal mask"
+            )
     check_packable(model, batch.get("mrope_position_ids") is not None)
     if probe or (probe is None and model not in _PROBED and probe_enabled()):
         _PROBED[model] = _probe_call(model, batch, kwargs)

@@ -181,6 +181,11 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         """The candidate of a sample, after the long-sample policy (counted unless ``count`` is False)."""
         size, multiple = self.config.pack_size, self.config.pad_to_multiple_of
         tokens = length = len(sample["input_ids"])
+        if length == 0:
+            raise TightpackError(
+                f"sample {sample.get('key')!r} has no tokens (input_ids is empty): an empty sequence cannot "
+                "be packed; leave it out in the source"
+            )
         if ceil_to_multiple(length, multiple) > size:
             if self.config.long_samples == "error":
                 raise TightpackError(

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from tightpack.errors import TightpackError
 from tightpack.logs import logger
 from tightpack.runtime import thd
 from tightpack.runtime.equivalence.probe import (
@@ -40,6 +41,7 @@ from tightpack.runtime.hf_kwargs import model_kwargs as packed_forward_kwargs
 
 __all__ = [
     "PROBE_ENV",
+    "check_label_boundaries",
     "check_packing",
     "describe_model",
     "packed_row_bounds",
@@ -294,17 +296,42 @@ def packed_row_bounds(inputs: Mapping[str, Any]) -> torch.Tensor | None:
     more sequences (``cu_seq_lens_q``, else where ``position_ids`` restart); None otherwise (a padded
     ``[B, S]`` batch, or one sequence: nothing packed to check)."""
     ids = inputs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
         return None
     bounds = _model_input_bounds(inputs, ids.shape[1])
     return bounds if len(bounds) > 2 else None
 
 
-def probe_model_inputs(model: torch.nn.Module, inputs: Mapping[str, Any]) -> ProbeReport:
-    """Probe ``model`` with the keyword arguments of one training forward: one packed row (``input_ids``
-    ``[1, T]``) of two or more sequences.
+def check_label_boundaries(inputs: Mapping[str, Any], bounds: torch.Tensor) -> None:
+    """Refuse ``labels`` (transformers' convention: the model shifts them) that make the last token of a
+    sequence learn to predict the first token of the next one: each later sequence's first label must
+    be ignored (negative, e.g. -100). With ``shift_labels`` (read by the loss instead) nothing is checked.
 
     Raises:
+        TightpackError: naming the sequences whose first label is a target.
+    """
+    labels = inputs.get("labels")
+    if not isinstance(labels, torch.Tensor) or isinstance(inputs.get("shift_labels"), torch.Tensor):
+        return
+    starts = bounds[1:-1].long()
+    crossing = torch.nonzero(labels.reshape(-1).cpu()[starts] >= 0).reshape(-1)
+    if len(crossing):
+        first = int(starts[crossing[0]])
+        value = int(labels.reshape(-1)[first])
+        raise TightpackError(
+            f"labels cross sequences: the first label of {len(crossing)} of the {len(starts)} later "
+            f"sequences of the packed row is a target (labels[0, {first}] = {value}), "
+            "so each previous sequence's last token learns to predict it; set -100 at every sequence's "
+            "first label (tightpack's PackingCollator and transformers' DataCollatorWithFlattening do)"
+        )
+
+
+def probe_model_inputs(model: torch.nn.Module, inputs: Mapping[str, Any]) -> ProbeReport:
+    """Probe ``model`` with the keyword arguments of one training forward: one packed row (``input_ids``
+    ``[1, T]``) of two or more sequences. Its ``labels`` are checked first (`check_label_boundaries`).
+
+    Raises:
+        TightpackError: labels that cross sequences.
         ProbeSkipped: the inputs are not such a row, or hold a token-aligned tensor the probe cannot
             rebuild (a 4-D attention mask, say).
     """
@@ -316,6 +343,8 @@ def probe_model_inputs(model: torch.nn.Module, inputs: Mapping[str, Any]) -> Pro
             f"the probe takes one packed row of two or more sequences (input_ids [1, T] with restarting "
             f"position_ids or cu_seq_lens_q); got input_ids of shape {shape}"
         )
+
+    check_label_boundaries(inputs, bounds)
 
     def packed(row: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
         return _logits(model(**_rebuild_inputs(inputs, row, lengths)))[0]
