@@ -53,15 +53,16 @@ def tiny_model(kind: str, attention: str = "eager", dtype: torch.dtype = torch.f
     """``<Family>ForConditionalGeneration`` with random weights, in ``dtype``, in eval mode (no dropout)."""
     import transformers
 
-    classes = {"qwen2_vl": transformers.Qwen2VLForConditionalGeneration,
-               "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
-               "qwen3_vl": transformers.Qwen3VLForConditionalGeneration}  # fmt: skip
+    names = {"qwen2_vl": "Qwen2VLForConditionalGeneration",
+             "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+             "qwen3_vl": "Qwen3VLForConditionalGeneration"}  # fmt: skip
+    model_class = getattr(transformers, names[kind])  # by name: Qwen3-VL exists from transformers 4.57 only
     config = tiny_config(kind)
     config._attn_implementation = attention
     for sub in (config.text_config, config.vision_config):
         sub._attn_implementation = attention
     torch.manual_seed(seed)
-    return classes[kind](config).to(dtype).eval()
+    return model_class(config).to(dtype).eval()
 
 
 def block_ids(kind: str, blocks: list[tuple[str, tuple[int, int, int]]], texts: list[int]) -> torch.Tensor:
@@ -128,3 +129,16 @@ def video_inputs(kind: str, frames: np.ndarray) -> dict[str, torch.Tensor]:
 def drawn_video(frames: int, height: int, width: int, seed: int) -> np.ndarray:
     """``[frames, H, W, 3]`` uint8: `drawn_frame` with the ellipse moving from frame to frame."""
     return np.stack([drawn_frame(height, width, seed + k) for k in range(frames)])
+
+
+def transformers_positions(model, ids: torch.Tensor, **visual) -> torch.Tensor:
+    """transformers' own multimodal positions ``[3, 1, L]`` of one sample (``get_rope_index``), in the
+    call form of the installed release: transformers 5 also takes each token's modality
+    (``mm_token_type_ids``: 1 image, 2 video), 4.x finds them from the token ids."""
+    import inspect
+
+    rope_index = model.model.get_rope_index
+    if "mm_token_type_ids" in inspect.signature(rope_index).parameters:
+        visual["mm_token_type_ids"] = ((ids == IMAGE).int() + 2 * (ids == VIDEO).int())[None]
+    positions, _ = rope_index(input_ids=ids[None], **visual)
+    return positions

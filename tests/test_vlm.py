@@ -7,7 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.qwen_vl_models import IMAGE, VIDEO, block_ids, drawn_video, image_inputs, tiny_model, video_inputs
+from tests.qwen_vl_models import (
+    IMAGE,
+    VIDEO,
+    block_ids,
+    drawn_video,
+    image_inputs,
+    tiny_model,
+    transformers_positions,
+    video_inputs,
+)
 from tightpack.runtime.in_batch import build_thd_from_rows
 from tightpack.runtime.mrope import QwenVLRope
 from tightpack.runtime.vlm import (
@@ -129,11 +138,8 @@ def test_packed_vlm_batch_equals_the_samples_concatenated(vlm_samples, multiple)
         ids = sample["input_ids"]
         n = len(ids)
         assert torch.equal(batch["input_ids"][0, start : start + n], ids)
-        kinds = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
-        expected, _ = model.model.get_rope_index(
-            ids[None], kinds[None], image_grid_thw=sample.get("image_grid_thw"),
-            video_grid_thw=sample.get("video_grid_thw"), second_per_grid_ts=sample.get("second_per_grid_ts"),
-        )  # fmt: skip
+        visual = {key: sample.get(key) for key in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
+        expected = transformers_positions(model, ids, **visual)
         assert torch.equal(batch["mrope_position_ids"][:, 0, start : start + n], expected[:, 0])
         covered[start : start + n] = True
         assert (batch["mrope_position_ids"][:, 0, start + n : stop] == 0).all()  # alignment gaps at 0
@@ -169,9 +175,10 @@ def test_packed_positions_scale_time_as_each_sample_alone(form):
     starts = batch["cu_seqlens_q"].tolist()
     for sample, start in zip(samples, starts, strict=False):
         ids = sample["input_ids"]
-        kinds = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
-        expected, _ = model.model.get_rope_index(
-            ids[None], kinds[None], video_grid_thw=sample["video_grid_thw"],
+        expected = transformers_positions(
+            model,
+            ids,
+            video_grid_thw=sample["video_grid_thw"],
             second_per_grid_ts=sample.get("second_per_grid_ts"),
-        )  # fmt: skip
+        )
         assert torch.equal(batch["mrope_position_ids"][:, 0, start : start + len(ids)], expected[:, 0])
