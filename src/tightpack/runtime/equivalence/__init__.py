@@ -3,6 +3,7 @@
 - `tightpack.runtime.equivalence.probe`: the probe's rows, five forward passes, figures and rule.
 - `tightpack.runtime.equivalence.hf`: the probe on a Hugging Face model (``Trainer`` inputs or THD
   batches), `check_packing`.
+- `tightpack.runtime.equivalence.leak_layers`: the decoder layer where a leak enters.
 - `tightpack.runtime.equivalence.megatron`: the probe on a Megatron-Core forward with `PackedSeqParams`.
 - `tightpack.runtime.equivalence.architectures`: model families the installed transformers cannot run
   packed, refused before any step.

@@ -27,12 +27,12 @@ import torch
 from tightpack.errors import TightpackError
 from tightpack.logs import logger
 from tightpack.runtime import thd
+from tightpack.runtime.equivalence.leak_layers import locate_leak, text_config
 from tightpack.runtime.equivalence.probe import (
     GAP_FRACTION,
     LEAK_FRACTION,
     PackingLeakError,
     ProbeReport,
-    ProbeRows,
     ProbeSkipped,
     probe_rows,
     run_probe,
@@ -60,7 +60,6 @@ _SPECIAL_TOKENS = (
     "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
     "image_token_index", "video_token_index", "audio_token_id", "audio_token_index",
 )  # fmt: skip
-_LAYER_KINDS = ("layer_types", "layers_block_type", "block_types")
 # non-tensor inputs kept as given (use_cache decides whether transformers builds the packed mask)
 _KEPT_SETTINGS = frozenset(("use_cache", "is_causal", "output_router_logits"))
 
@@ -70,16 +69,11 @@ def probe_enabled() -> bool:
     return os.environ.get(PROBE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def _text_config(model: torch.nn.Module) -> Any:
-    config = getattr(model, "config", None)
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def describe_model(model: torch.nn.Module) -> str:
     """``"LlamaForCausalLM (attention sdpa, torch.bfloat16, transformers 5.24)"``."""
     from tightpack.runtime.mrope import transformers_version
 
-    config = _text_config(model)
+    config = text_config(model)
     attention = getattr(config, "_attn_implementation", None)
     parameter = next(model.parameters(), None)
     dtype = parameter.dtype if parameter is not None else None
@@ -184,70 +178,6 @@ def _rebuild_inputs(inputs: Mapping[str, Any], row: torch.Tensor, lengths: Seque
     return rebuilt
 
 
-def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
-    config = _text_config(model)
-    count = getattr(config, "num_hidden_layers", None)
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    matching = [m for m in lists if len(m) == count] or lists
-    return max(matching, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
-
-
-def _layer_name(model: torch.nn.Module, layers: torch.nn.ModuleList, index: int) -> str:
-    config = _text_config(model)
-    kind = next(
-        (
-            kinds[index]
-            for name in _LAYER_KINDS
-            if isinstance(kinds := getattr(config, name, None), (list, tuple)) and len(kinds) == len(layers)
-        ),
-        None,
-    )
-    described = type(layers[index]).__name__ + (f", type {kind!r}" if kind else "")
-    return f"layer {index} ({described})"
-
-
-def _locate_leak(
-    model: torch.nn.Module,
-    rows: ProbeRows,
-    packed: Callable[[torch.Tensor, Sequence[int]], torch.Tensor],
-    plain: Callable[[torch.Tensor], torch.Tensor],
-) -> tuple[str, ...]:
-    """The first decoder layer whose outputs at the targets depend on the context's tokens packed (by
-    the probe's rule, against the same layer's dependence under one causal mask)."""
-    layers = _decoder_layers(model)
-    if layers is None:
-        return ()
-    captured: list[torch.Tensor] = []
-    width, context = len(rows.row()), len(rows.context)
-
-    def keep(module, args, output) -> None:
-        hidden = output[0] if isinstance(output, (tuple, list)) else output
-        if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 and hidden.shape[1] == width:
-            captured.append(hidden[0, context:].float())  # the targets' hidden states
-
-    handles = [layer.register_forward_hook(keep) for layer in layers]
-    runs = []
-    try:
-        for run in (
-            lambda: packed(rows.row(), rows.lengths),
-            lambda: packed(rows.row(swapped=True), rows.lengths),
-            lambda: plain(rows.row()[None]),
-            lambda: plain(rows.row(swapped=True)[None]),
-        ):
-            captured.clear()
-            run()
-            runs.append(list(captured))
-    finally:
-        for handle in handles:
-            handle.remove()
-    if any(len(run) != len(layers) for run in runs):
-        return ()
-    for index, (a, b, mixed_a, mixed_b) in enumerate(zip(*runs, strict=True)):
-        if float((a - b).abs().max()) > LEAK_FRACTION * float((mixed_a - mixed_b).abs().max()):
-            return (_layer_name(model, layers, index),)
-    return ()
-
-
 def _enforce(model: torch.nn.Module, report: ProbeReport, hint: str) -> ProbeReport:
     if report.passed:
         logger().info("packing check passed for %s: %s", report.model, report.summary())
@@ -287,7 +217,7 @@ def _probe(
     with _quiet_eval(model):
         report = run_probe(rows, packed, plain, model=describe_model(model))
         if report.leaks:
-            report = dataclasses.replace(report, layers=_locate_leak(model, rows, packed, plain))
+            report = dataclasses.replace(report, layers=locate_leak(model, rows, packed, plain))
     return report
 
 
