@@ -16,10 +16,9 @@ The model runs in eval mode without gradients during the probe and is put back a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,8 +33,11 @@ from tightpack.runtime.equivalence.probe import (
     PackingLeakError,
     ProbeReport,
     ProbeSkipped,
+    eval_without_grad,
     probe_rows,
+    restarting_positions,
     run_probe,
+    sequence_boundaries,
 )
 from tightpack.runtime.hf_kwargs import model_kwargs as packed_forward_kwargs
 
@@ -91,30 +93,11 @@ def _logits(output: Any) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output[0]
 
 
-@contextlib.contextmanager
-def _quiet_eval(model: torch.nn.Module) -> Iterator[None]:
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(training)
-
-
 def _plain(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(ids: torch.Tensor) -> torch.Tensor:
         return _logits(model(input_ids=ids.to(device), use_cache=False))
 
     return forward
-
-
-def _restarting_positions(lengths: Sequence[int]) -> torch.Tensor:
-    return torch.cat([torch.arange(length) for length in lengths])
-
-
-def _boundaries(lengths: Sequence[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def _model_input_bounds(inputs: Mapping[str, Any], width: int) -> torch.Tensor:
@@ -133,13 +116,13 @@ def _model_input_bounds(inputs: Mapping[str, Any], width: int) -> torch.Tensor:
 def _rebuild_inputs(inputs: Mapping[str, Any], row: torch.Tensor, lengths: Sequence[int]) -> dict[str, Any]:
     """The training forward's keyword arguments, rebuilt for the probe row ``[T']`` of ``lengths``."""
     width = int(inputs["input_ids"].shape[-1])
-    bounds = _boundaries(lengths)
+    bounds = sequence_boundaries(lengths)
     # positions as the batch numbers them: restarting per sequence, or (a collator's mistake the probe
     # must see, not repair) running on over the row
     given = inputs.get("position_ids")
     starts = _model_input_bounds(inputs, width)[:-1].long()
     runs_on = isinstance(given, torch.Tensor) and bool((given.reshape(-1, width)[0].cpu()[starts] != 0).any())
-    positions = torch.arange(len(row)) if runs_on else _restarting_positions(lengths)
+    positions = torch.arange(len(row)) if runs_on else restarting_positions(lengths)
     rebuilt: dict[str, Any] = {}
     for key, value in inputs.items():
         if key in _DROPPED:
@@ -214,7 +197,7 @@ def _probe(
 ) -> ProbeReport:
     rows = probe_rows(tokens.cpu(), bounds, excluded=_excluded_tokens(model))
     plain = _plain(model, tokens.device)
-    with _quiet_eval(model):
+    with eval_without_grad(model):
         report = run_probe(rows, packed, plain, model=describe_model(model))
         if report.leaks:
             report = dataclasses.replace(report, layers=locate_leak(model, rows, packed, plain))
@@ -298,9 +281,9 @@ def probe_batch(
     device = tokens.device
 
     def packed(row: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
-        positions = _restarting_positions(lengths).to(device)[None]
+        positions = restarting_positions(lengths).to(device)[None]
         probe = {"tokens": row.to(device)[None], "position_ids": positions,
-                 "cu_seqlens_q": _boundaries(lengths).to(device)}  # fmt: skip
+                 "cu_seqlens_q": sequence_boundaries(lengths).to(device)}  # fmt: skip
         if vlm:  # text tokens: the same position on the three multimodal axes
             probe["mrope_position_ids"] = positions.expand(3, 1, -1).clone()
         return _logits(model(**model_kwargs(model, probe), use_cache=False, **forward_kwargs))[0]

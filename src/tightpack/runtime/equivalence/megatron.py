@@ -17,8 +17,7 @@ the contaminated and the unpacked runs pass None, the sequences as one causal ro
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,27 +31,17 @@ from tightpack.runtime.equivalence.probe import (
     PackingLeakError,
     ProbeReport,
     ProbeSkipped,
+    eval_without_grad,
     probe_rows,
+    restarting_positions,
     run_probe,
+    sequence_boundaries,
 )
 
 __all__ = ["McoreForward", "check_mcore_packing"]
 
 # (tokens [B, T], position_ids [B, T], PackedSeqParams or None) -> logits [B, T, V]
 McoreForward = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
-
-
-@contextlib.contextmanager
-def _no_grad_eval(module: torch.nn.Module | None) -> Iterator[None]:
-    training = module.training if module is not None else False
-    if module is not None:
-        module.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        if module is not None:
-            module.train(training)
 
 
 def check_mcore_packing(
@@ -82,8 +71,8 @@ def check_mcore_packing(
     rows = probe_rows(tokens[0].cpu(), thd.physical_boundaries(batch).cpu(), excluded=excluded_tokens)
 
     def packed(row: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
-        positions = torch.cat([torch.arange(length) for length in lengths]).to(device)[None]
-        bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        positions = restarting_positions(lengths).to(device)[None]
+        bounds = sequence_boundaries(lengths)
         probe = {"tokens": row[None], "position_ids": positions, "cu_seqlens_q": bounds.to(device),
                  "max_seqlen_q": max(lengths)}  # fmt: skip
         params = to_packed_seq_params(probe)
@@ -94,7 +83,7 @@ def check_mcore_packing(
         return forward(ids.to(device), positions, None)
 
     name = type(model).__name__ if model is not None else getattr(forward, "__qualname__", "forward")
-    with _no_grad_eval(model):
+    with eval_without_grad(model):
         report = run_probe(rows, packed, plain, model=f"{name} (Megatron-Core, PackedSeqParams thd)")
     if report.passed:
         logger().info("packing check passed for %s: %s", report.model, report.summary())

@@ -35,10 +35,11 @@ and `tightpack.runtime.equivalence.megatron` give it the Hugging Face and Megatr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -51,8 +52,11 @@ __all__ = [
     "ProbeReport",
     "ProbeRows",
     "ProbeSkipped",
+    "eval_without_grad",
     "probe_rows",
+    "restarting_positions",
     "run_probe",
+    "sequence_boundaries",
 ]
 
 LEAK_FRACTION = 1e-3  # cross_sequence may be at most this fraction of the leak of one causal mask
@@ -210,6 +214,39 @@ class ProbeReport:
             f"(contaminated: {self.contaminated_gap:.3g}; allowed {GAP_FRACTION:g} of it); {self.targets} "
             f"targets, {self.tokens} tokens, {self.seconds:.2f} s"
         )
+
+
+def restarting_positions(lengths: Sequence[int]) -> torch.Tensor:
+    """Positions ``[sum(lengths)]`` restarting at 0 for each sequence.
+
+    >>> restarting_positions([3, 2]).tolist()
+    [0, 1, 2, 0, 1]
+    """
+    return torch.cat([torch.arange(length) for length in lengths])
+
+
+def sequence_boundaries(lengths: Sequence[int]) -> torch.Tensor:
+    """Cumulative boundaries ``[N + 1]`` (int32) of sequences of ``lengths``.
+
+    >>> sequence_boundaries([3, 2]).tolist()
+    [0, 3, 5]
+    """
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@contextlib.contextmanager
+def eval_without_grad(module: torch.nn.Module | None) -> Iterator[None]:
+    """Run the probe's forwards without gradients and with ``module`` (if any) in eval mode (dropout
+    would move the figures); its mode is put back afterwards."""
+    training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if module is not None:
+            module.train(training)
 
 
 def _ratio(numerator: float, denominator: float) -> float:
