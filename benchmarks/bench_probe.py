@@ -10,7 +10,8 @@ interleaved over ``--rounds`` rounds (fastest kept for each):
 
 The probe's floor is those five forwards (about 4 x 224 + 96 tokens, no backward), so its ratio to a
 step falls as the row grows. Also prints the probe's figures (cross-sequence dependence, the calibrated
-leak) for the model.
+leak) for the model, and the family table of docs/equivalence-probe.md: `check_packing` on the tiny
+models of tests/tiny_families.py (float32, one row of 6 samples), cross_sequence, leak and verdict.
 
     .venv/bin/python benchmarks/bench_probe.py [--hidden 256] [--layers 4] [--samples 16] [--rounds 5]
 """
@@ -28,9 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.hf_training import small_tokenizer, tiny_llama
+from tests.tiny_families import FAMILIES, tiny_model
 
 from tightpack.prepare.sources import default_corpus
-from tightpack.runtime.equivalence import check_packing
+from tightpack.runtime.equivalence import check_packing, probe_model_inputs
 from tightpack.runtime.hf_trainer import PackingCollator
 
 
@@ -78,6 +80,16 @@ def main() -> None:
         "calibrated_leak": report.leak,
     }
     print(json.dumps(result, indent=2))
+    family_batch = PackingCollator(tokenizer)(rows[:6])
+    print(f"{'family':10s} {'cross_sequence':>15s} {'leak':>10s}  verdict")
+    for family in FAMILIES:
+        try:
+            probe = probe_model_inputs(tiny_model(family), family_batch)
+        except Exception as error:  # a family transformers itself refuses to run packed
+            print(f"{family:10s} {'-':>15s} {'-':>10s}  raises {type(error).__name__}: {str(error)[:60]}")
+            continue
+        verdict = "pass" if probe.passed else "leak"
+        print(f"{family:10s} {probe.cross_sequence:15.3g} {probe.leak:10.3g}  {verdict}")
 
 
 if __name__ == "__main__":

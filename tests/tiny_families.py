@@ -46,6 +46,9 @@ _FAMILY: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+FAMILIES = tuple(_FAMILY)
+
+
 def tiny_model(
     family: str, *, dtype: torch.dtype = torch.float32, seed: int = 0, attention: str | None = None
 ):
