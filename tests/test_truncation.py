@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tightpack.core.truncation import ANSWER, KEEP, PROMPT, keep_ranges
+from tightpack.core.truncation import ANSWER, KEEP, PROMPT, REASONS, keep_ranges
 from tightpack.errors import TightpackError
 from tightpack.pipeline import MANIFEST_NAME, PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
@@ -38,10 +41,153 @@ def test_rounds_go_oldest_first_then_user_text_then_the_answer_end():
     assert keep_ranges(n, starts, kinds, units, 9, "right") == ([(0, 2), (12, 19)], 1)
     # the last round is never dropped: its user text is trimmed (still "turns dropped": rounds went)
     assert keep_ranges(n, starts, kinds, units, 7, "right") == ([(0, 2), (12, 14), (16, 19)], 1)
-    assert keep_ranges(n, starts, kinds, units, 4, "right") == ([(0, 2), (16, 18)], 1)  # EOS went
+    # the EOS is the answer's: cutting it is an answer cut, even with the answer's text whole
+    assert keep_ranges(n, starts, kinds, units, 4, "right") == ([(0, 2), (16, 18)], 2)
     assert keep_ranges(n, starts, kinds, units, 3, "right") == ([(0, 2), (16, 17)], 2)
     # no structure: the end is cut
     assert keep_ranges(n, [], [], [], 7, "right") == ([(0, 7)], 3)
+
+
+def test_a_field_shorter_than_its_share_passes_the_rest_to_the_other_fields():
+    """The issue's case: fields of 2 and 10 tokens, an answer of 8, a limit of 10. The shares are 5
+    and 5; the short field gives its 2 and the long one the other 8: the answer stays whole (it lost 5
+    tokens before, and the reason said answer cut)."""
+    starts, kinds, units = [0, 2, 12], [PROMPT, PROMPT, ANSWER], [-1] * 3
+    assert keep_ranges(20, starts, kinds, units, 10, "right") == ([(2, 4), (12, 20)], 0)
+    assert keep_ranges(20, starts, kinds, units, 10, "left") == ([(10, 20)], 0)
+    # the same in chat: a round with a user turn of 2 tokens and a tool turn of 10, then the answer
+    starts = [0, 1, 3, 4, 14, 15, 23]
+    kinds = [KEEP, PROMPT, KEEP, PROMPT, KEEP, ANSWER, KEEP]
+    units = [-1, 0, 0, 0, 0, 0, -1]
+    assert keep_ranges(24, starts, kinds, units, 14, "right") == ([(0, 1), (3, 6), (14, 24)], 0)
+
+
+def test_the_answer_named_as_a_truncation_field_is_trimmed_after_the_prompt_fields():
+    # input 6, literal 1, output 6 (a truncation field too), EOS 1; limit 8: the input gives 6 first
+    starts, kinds, units = [0, 6, 7, 13], [PROMPT, KEEP, PROMPT | ANSWER, KEEP], [-1] * 4
+    assert keep_ranges(14, starts, kinds, units, 8, "right") == ([(6, 14)], 0)
+    # limit 5: the output gives 3 more, at its end with right (the EOS stays), at its start with left
+    assert keep_ranges(14, starts, kinds, units, 5, "right") == ([(6, 10), (13, 14)], 2)
+    assert keep_ranges(14, starts, kinds, units, 5, "left") == ([(6, 7), (10, 14)], 2)
+
+
+def _oracle(n, starts, kinds, units, limit, method):
+    """keep_ranges token by token: whole rounds, oldest first; then one trimmable token at a time
+    (prompt-only text before answers, units in order, within a unit from the segment that gave least,
+    the first of those); then the last token, one at a time. Returns the kept positions and the
+    rounds dropped."""
+    ends = [*starts[1:], n]
+    kept = [set(range(start, end)) for start, end in zip(starts, ends, strict=True)]
+    over = n - limit
+    rounds = sorted({unit for unit in units if unit >= 0})
+    dropped = set()
+    for unit in rounds[:-1]:
+        if over <= 0:
+            break
+        for segment in [s for s, u in enumerate(units) if u == unit]:
+            over -= len(kept[segment])
+            kept[segment] = set()
+        dropped.add(unit)
+    gave = [0] * len(starts)
+    order = [(answer, unit) for answer in (False, True) for unit in [-1, *rounds]]
+    while over > 0:
+        group = [
+            s
+            for answer, unit in order
+            for s in range(len(starts))
+            if units[s] == unit and kinds[s] & PROMPT and bool(kinds[s] & ANSWER) == answer and kept[s]
+        ]
+        if not group:
+            break
+        first = (group[0], units[group[0]], bool(kinds[group[0]] & ANSWER))
+        group = [s for s in group if (units[s], bool(kinds[s] & ANSWER)) == first[1:]]
+        segment = min(group, key=lambda s: (gave[s], s))
+        kept[segment].remove(max(kept[segment]) if method == "right" else min(kept[segment]))
+        gave[segment] += 1
+        over -= 1
+    positions = sorted(set().union(*kept))
+    while over > 0:
+        positions.pop()
+        over -= 1
+    return positions, dropped
+
+
+@st.composite
+def _samples(draw):
+    """A sample's segments: an optional system turn, rounds of (user or tool text, template text,
+    answer), or prompt-completion fields; sizes from 0; a final EOS segment."""
+    pieces = []  # (size, kind, unit)
+    if draw(st.booleans()):  # chat
+        if draw(st.booleans()):
+            pieces.append((draw(st.integers(0, 4)), KEEP, -1))
+        for unit in range(draw(st.integers(1, 3))):
+            for _ in range(draw(st.integers(1, 3))):
+                pieces.append((draw(st.integers(0, 2)), KEEP, unit))
+                pieces.append((draw(st.integers(0, 12)), PROMPT, unit))
+            pieces.append((draw(st.integers(0, 2)), KEEP, unit))
+            pieces.append((draw(st.integers(0, 12)), ANSWER, unit))
+    else:
+        for _ in range(draw(st.integers(1, 4))):
+            pieces.append((draw(st.integers(0, 3)), KEEP, -1))
+            pieces.append((draw(st.integers(0, 12)), draw(st.sampled_from([PROMPT, KEEP])), -1))
+        pieces.append((draw(st.integers(0, 12)), draw(st.sampled_from([ANSWER, ANSWER | PROMPT])), -1))
+    pieces.append((1, KEEP, -1))  # the EOS
+    sizes = [size for size, _, _ in pieces]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    n = sum(sizes)
+    limit = draw(st.integers(1, max(1, n - 1)))
+    return (
+        n,
+        starts,
+        [k for _, k, _ in pieces],
+        [u for _, _, u in pieces],
+        limit,
+        draw(st.sampled_from(["right", "left"])),
+    )
+
+
+@settings(max_examples=600, deadline=None)
+@given(_samples())
+def test_the_answer_loses_a_token_only_when_no_prompt_text_is_left(sample):
+    n, starts, kinds, units, limit, method = sample
+    if n <= limit:
+        return
+    ranges, reason = keep_ranges(n, starts, kinds, units, limit, method)
+    positions, dropped = _oracle(n, starts, kinds, units, limit, method)
+    assert [p for a, b in ranges for p in range(a, b)] == positions  # the brute force agrees
+    assert all(a < b for a, b in ranges) and all(b < c for (_, b), (c, _) in itertools.pairwise(ranges))
+    kept = sum(b - a for a, b in ranges)
+    assert kept == limit or (dropped and kept < limit)
+
+    ends = [*starts[1:], n]
+    surviving = set(units) - dropped
+    kept_set = set(positions)
+
+    def lost(select):
+        return any(
+            p not in kept_set
+            for s, e, k, u in zip(starts, ends, kinds, units, strict=True)
+            if u in surviving and select(k)
+            for p in range(s, e)
+        )
+
+    def left_over(select):
+        return any(
+            p in kept_set
+            for s, e, k in zip(starts, ends, kinds, strict=True)
+            if select(k)
+            for p in range(s, e)
+        )
+
+    if lost(lambda k: k & ANSWER):
+        assert not left_over(lambda k: k & PROMPT and not k & ANSWER), "an answer cut with prompt text left"
+        assert REASONS[reason] == "answer_cut"
+    if lost(lambda k: k == KEEP):
+        assert not left_over(lambda k: k & PROMPT), "template text cut with trimmable text left"
+    if n - 1 not in kept_set:  # the EOS went: the answer's end
+        assert REASONS[reason] == "answer_cut"
+    elif REASONS[reason] == "answer_cut":
+        assert lost(lambda k: k & ANSWER)
 
 
 def _sample(row, spec):

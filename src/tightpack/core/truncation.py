@@ -8,7 +8,7 @@ unit:
 kind             meaning
 ===============  ==============================================================================
 ``KEEP`` (0)     template text, role headers, BOS/EOS, the system turn, prompt fields that are
-                 not truncation fields: never trimmed
+                 not truncation fields: cut only at the end (step 4) or with a dropped round
 ``PROMPT`` (1)   text that may be trimmed: the truncation fields of prompt-completion rows
                  (``--truncate-field``, default the input field), user and tool text in chat
 ``ANSWER`` (2)   the completion, or an assistant turn's content; ``PROMPT | ANSWER`` when the
@@ -20,18 +20,44 @@ round ends with an assistant turn); rounds are dropped whole. A sample of ``n`` 
 ``limit`` (the cap + 1) is cut by these steps, each only while it is still too long:
 
 1. drop whole rounds, oldest first, never the last one (it holds the last assistant turn);
-2. trim ``PROMPT`` text unit by unit (the always-kept unit first, then the oldest round); the
-   segments of one unit share the cut equally (the first ones take the remainder, as
-   Megatron-Bridge's ``_multiple_truncation``), each from its end (``right``: keep the start, the
-   reference's default) or from its start (``left``: keep the end);
-3. cut what is still over from the end of the sample: the answer loses its end and its EOS.
+2. trim ``PROMPT`` text that is not an answer, unit by unit (the always-kept unit first, then the
+   oldest round left). The segments of one unit share the cut equally, the first ones taking the
+   remainder (as Megatron-Bridge's ``_multiple_truncation``); a segment shorter than its share gives
+   all it has and the others share the rest again; what the unit cannot give passes to the next
+   unit. Each segment is cut at its end (``right``: keep the start, the reference's default) or at
+   its start (``left``: keep the end);
+3. trim ``PROMPT | ANSWER`` segments (an answer named as a truncation field) the same way;
+4. cut what is still over from the end of the sample: the EOS (or the turn's end marker) goes first,
+   then the end of the answer, then whatever precedes it.
 
-An answer too long by itself therefore loses its prompt text and then its end, as in the reference.
-One difference: with ``left`` the reference takes that remainder from the start of the sample; here
-the answer keeps its beginning, the same rule for every format. Samples without
-segments (pre-tokenized rows) go straight to step 3. The reason recorded is the strongest step
-taken: ``answer cut`` when an answer lost tokens, else ``turns dropped``, else ``prompt trimmed``;
-``end cut`` when only template or unstructured tokens were cut.
+So an answer loses a token only when no trimmable prompt text is left, and ``KEEP`` text (template
+literals, role headers, the system turn) only in step 4 or with a dropped round. The kept tokens
+number exactly ``limit``, fewer only when a dropped round took more than needed. Samples without
+segments (pre-tokenized rows) go straight to step 4.
+
+Why the EOS goes with a cut answer: what is kept of the answer is a prefix of it, and an EOS after
+that prefix would teach the model to stop mid-answer. With the EOS gone, the sample trains the
+answer's first tokens and nothing about where it ends (as a cut pretraining document does).
+
+The reason recorded (`REASONS`) is the strongest step taken: ``answer_cut`` when a token of an answer
+or of what follows the answer (its EOS, its end marker) was cut, else ``turns_dropped``, else
+``prompt_trimmed``; ``end_cut`` when the sample has no answer segment (pre-tokenized rows, or
+no structure) and its end was cut.
+
+Where Megatron-Bridge's ``GPTSFTDataset`` (``_multiple_truncation``, 0.6.2) differs, every other
+case being the same tokens:
+
+- a truncation field shorter than its share gives what it has and the rest is not shared again: it
+  goes to the reference's end cut, so the answer is cut although another field still had text;
+- the label named as a truncation field shares the cut equally with the other fields; here it is
+  trimmed only once they are empty (step 3);
+- when the answer must be cut, the reference keeps the EOS and drops one answer token more (its
+  length counts the EOS); here the EOS goes (above);
+- with ``left``, the reference's end cut starts at the sample's start (template text, then the
+  fields, then the answer's start); here the answer keeps its start, as with ``right``. Its
+  declarative ``prompt_completion_config`` path instead keeps the completion's end;
+- chat rows: the reference does not truncate them when tokenizing (its packer drops them, or cuts
+  their end when padding to a multiple); here steps 1, 2 and 4 apply.
 """
 
 from __future__ import annotations
@@ -73,12 +99,21 @@ def keep_ranges(
         limit: stored tokens allowed.
         method: ``right`` trims prompt text at its end, ``left`` at its start.
 
+    Returns the kept ranges, sorted, disjoint and not touching (adjacent ones are merged), and a
+    `REASONS` index. They hold ``limit`` tokens, fewer only when whole rounds were dropped.
+
     A prompt of 6 tokens and an answer of 3, a limit of 6: the prompt keeps its first 3 tokens.
 
     >>> keep_ranges(9, [0, 6], [PROMPT, ANSWER], [-1, -1], 6, "right")
     ([(0, 3), (6, 9)], 0)
     >>> keep_ranges(9, [0, 6], [PROMPT, ANSWER], [-1, -1], 6, "left")
     ([(3, 9)], 0)
+
+    Two prompt fields of 2 and 10 tokens, an answer of 8, a limit of 10: the short field gives its
+    2 tokens and the long one the other 8 (the reference would cut 5 answer tokens here).
+
+    >>> keep_ranges(20, [0, 2, 12], [PROMPT, PROMPT, ANSWER], [-1, -1, -1], 10, "right")
+    ([(2, 4), (12, 20)], 0)
 
     Two rounds (user 2 + answer 2 tokens each) after a system turn of 1 token, a limit of 5: the
     first round goes.
@@ -87,7 +122,7 @@ def keep_ranges(
     ([(0, 1), (5, 9)], 1)
     """
     if not starts:
-        return [(0, limit)], _END_CUT
+        return [(0, min(n, limit))], _END_CUT
     ends = [*starts[1:], n]
     size = [end - start for start, end in zip(starts, ends, strict=True)]
     front, back = [0] * len(starts), [0] * len(starts)
@@ -107,33 +142,35 @@ def keep_ranges(
             over -= size[segment]
             back[segment] = size[segment]
 
+    # Prompt-only text first, everywhere; an answer that is itself a truncation field after it.
     trimmed = answer_cut = False
-    for unit in [-1, *rounds]:
-        if over <= 0:
-            break
-        group = [segment for segment in members.get(unit, ()) if kinds[segment] & PROMPT]
-        if not group:
-            continue
-        share, extra = divmod(over, len(group))
-        for position, segment in enumerate(group):
-            cut = min(share + (position < extra), size[segment] - front[segment] - back[segment])
-            if cut > 0:
-                trimmed = True
-                answer_cut |= bool(kinds[segment] & ANSWER)
-                over -= cut
-                if method == "left":
-                    front[segment] += cut
-                else:
-                    back[segment] += cut
+    for answer in (False, True):
+        for unit in [-1, *rounds]:
+            if over <= 0:
+                break
+            group = [
+                segment
+                for segment in members.get(unit, ())
+                if kinds[segment] & PROMPT and bool(kinds[segment] & ANSWER) == answer
+            ]
+            for segment, cut in zip(group, _shared_cut(over, [size[s] for s in group]), strict=True):
+                if cut:
+                    trimmed = True
+                    answer_cut |= answer
+                    over -= cut
+                    if method == "left":
+                        front[segment] += cut
+                    else:
+                        back[segment] += cut
 
-    for segment in range(len(starts) - 1, -1, -1):
-        if over <= 0:
-            break
-        cut = min(over, size[segment] - front[segment] - back[segment])
-        if cut > 0:
+    if over > 0:  # no trimmable text left: the sample loses its end, EOS first
+        answer_cut |= any(kind & ANSWER for kind in kinds)
+        for segment in range(len(starts) - 1, -1, -1):
+            cut = min(over, size[segment] - front[segment] - back[segment])
             back[segment] += cut
             over -= cut
-            answer_cut |= bool(kinds[segment] & ANSWER)
+            if over <= 0:
+                break
 
     ranges: list[tuple[int, int]] = []
     for start, end, head, tail in zip(starts, ends, front, back, strict=True):
@@ -144,10 +181,37 @@ def keep_ranges(
             ranges[-1] = (ranges[-1][0], stop)
         else:
             ranges.append((first, stop))
-    reason = (
-        _ANSWER_CUT if answer_cut else _TURNS_DROPPED if dropped else _PROMPT_TRIMMED if trimmed else _END_CUT
-    )
-    return ranges, reason
+    if answer_cut:
+        return ranges, _ANSWER_CUT
+    return ranges, _TURNS_DROPPED if dropped else _PROMPT_TRIMMED if trimmed else _END_CUT
+
+
+def _shared_cut(over: int, sizes: list[int]) -> list[int]:
+    """Tokens each segment of ``sizes`` gives so that together they give ``over`` (or all they have):
+    equal shares, the first ones taking the remainder; a segment too short for its share gives all
+    it has and the others share the rest. The same as giving one token at a time, always from the
+    segment that has given least (the first of those).
+
+    >>> _shared_cut(10, [2, 10])
+    [2, 8]
+    >>> _shared_cut(5, [4, 4, 4])
+    [2, 2, 1]
+    >>> _shared_cut(9, [10, 10, 1, 10])
+    [3, 3, 1, 2]
+    """
+    cuts = [0] * len(sizes)
+    live = [i for i, size in enumerate(sizes) if size > 0]
+    while over > 0 and live:
+        step = min(over // len(live), min(sizes[i] - cuts[i] for i in live))
+        if step == 0:  # fewer tokens left to give than segments: one each, the first ones
+            for i in live[:over]:
+                cuts[i] += 1
+            break
+        for i in live:
+            cuts[i] += step
+        over -= step * len(live)
+        live = [i for i in live if cuts[i] < sizes[i]]
+    return cuts
 
 
 @dataclass(frozen=True)
