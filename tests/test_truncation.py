@@ -387,3 +387,38 @@ def test_template_rounds_dropped_leave_what_the_template_renders_for_the_rest():
     assert "".join(rendered.text[a:b] for a, b in ranges) == render([system, *rounds[1], *rounds[2]])
     ranges, _ = keep_ranges(len(rendered.text), starts, kinds, units, kept_one - 1, "right")
     assert "".join(rendered.text[a:b] for a, b in ranges) == render([system, *rounds[2]])
+
+
+def test_pack_keeps_the_answer_when_one_field_is_short_and_names_every_answer_cut(tmp_path, gpt2):
+    """Through `pack_dataset`: two truncation fields, one short. The answer is packed whole and the
+    reason is prompt trimmed (before: the answer lost tokens, answer cut). A row whose prompt is
+    all gone and whose EOS must go too is an answer cut (before: prompt trimmed)."""
+    encode = gpt2.backend.encode
+
+    def size(text):
+        return len(encode(text).ids)
+
+    answer = "the answer is forty two and no less"
+    rows = [
+        {"context": "short", "input": "word " * 200, "output": answer},
+        {"context": "a", "input": "b", "output": "z" + " yes" * 40},
+    ]
+    config = FormatConfig(
+        prompt_template="{context} | {input} {output}", truncate_fields=("context", "input")
+    )
+    # the second row: fields of 1 token each, literals " |", " " and the answer + EOS
+    second = size("a | b " + rows[1]["output"]) + 1
+    cap = second - 4  # over by 3 (limit = cap + 1): the fields give 2 tokens, then the EOS goes
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    result = pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=cap, format=config))
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert manifest["excluded"]["truncated_by_reason"]["prompt_trimmed"] == [0]
+    assert manifest["excluded"]["truncated_by_reason"]["answer_cut"] == [1]
+    assert (result.counts["truncated_prompt_trimmed"], result.counts["truncated_answer_cut"]) == (1, 1)
+    sequences = read_sequences(tmp_path / "out")
+    first, second_text = (
+        gpt2.backend.decode(sequences[row]["tokens"].tolist(), skip_special_tokens=False) for row in (0, 1)
+    )
+    assert first.endswith(" " + answer + "<|endoftext|>")  # the answer whole, with its EOS
+    assert first.startswith(" | word word")  # the short field went whole, the long one gave the rest
+    assert second_text.endswith(rows[1]["output"])  # the answer's text whole, its EOS gone
