@@ -422,3 +422,68 @@ def test_pack_keeps_the_answer_when_one_field_is_short_and_names_every_answer_cu
     assert first.endswith(" " + answer + "<|endoftext|>")  # the answer whole, with its EOS
     assert first.startswith(" | word word")  # the short field went whole, the long one gave the rest
     assert second_text.endswith(rows[1]["output"])  # the answer's text whole, its EOS gone
+
+
+# Megatron-Bridge 0.6.2 cannot run here (it and its megatron-core need Python >= 3.12; see
+# docs/truncation.md), so its rule is recorded as facts: the token ranges its
+# `GPTSFTDataset._multiple_truncation` keeps, worked out by hand from its code, in tightpack's layout
+# (fields, literals, the label, then the EOS it appends; `max_seq_length` = the limit, EOS counted).
+# The shares: `over // fields`, the first fields taking the remainder; a field short of its share
+# gives what it has and the rest goes to its end cut, which with `right` walks from the label
+# backwards, with `left` from the first piece forwards, and never touches the EOS.
+MEGATRON_BRIDGE_CASES = {
+    # name: (n, starts, kinds, limit, method, Megatron-Bridge keeps, tightpack keeps)
+    "two long fields, answer whole (the same)": (
+        14,
+        [0, 5, 6, 10, 13],
+        [PROMPT, KEEP, PROMPT, ANSWER, KEEP],
+        9,
+        "right",
+        [(0, 2), (5, 8), (10, 14)],
+        [(0, 2), (5, 8), (10, 14)],
+    ),
+    "a short field (issue 26)": (  # shares 5 + 5; the field of 2 leaves 3 to the label's end
+        20,
+        [0, 2, 12, 19],
+        [PROMPT, PROMPT, ANSWER, KEEP],
+        10,
+        "right",
+        [(2, 7), (12, 16), (19, 20)],
+        [(2, 4), (12, 20)],
+    ),
+    "the answer alone too long, right": (  # the field gives 3; the label 5 more: it keeps the EOS
+        14,
+        [0, 3, 13],
+        [PROMPT, ANSWER, KEEP],
+        6,
+        "right",
+        [(3, 8), (13, 14)],
+        [(3, 9)],
+    ),
+    "the answer alone too long, left": (  # the end cut walks from the start: the label's start goes
+        14,
+        [0, 3, 13],
+        [PROMPT, ANSWER, KEEP],
+        6,
+        "left",
+        [(8, 14)],
+        [(3, 9)],
+    ),
+    "the label a truncation field": (  # shares 2 + 2: the label loses 2 although the input had 6
+        14,
+        [0, 6, 7, 13],
+        [PROMPT, KEEP, PROMPT | ANSWER, KEEP],
+        10,
+        "right",
+        [(0, 4), (6, 11), (13, 14)],
+        [(0, 2), (6, 14)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MEGATRON_BRIDGE_CASES))
+def test_megatron_bridge_rule_and_where_tightpack_differs(case):
+    n, starts, kinds, limit, method, reference, ours = MEGATRON_BRIDGE_CASES[case]
+    assert sum(b - a for a, b in reference) == limit  # the facts themselves fit the limit
+    assert keep_ranges(n, starts, kinds, [-1] * len(starts), limit, method)[0] == ours
+    assert (reference == ours) == case.endswith("(the same)")
