@@ -66,15 +66,17 @@ def test_the_answer_named_as_a_truncation_field_is_trimmed_after_the_prompt_fiel
     # input 6, literal 1, output 6 (a truncation field too), EOS 1; limit 8: the input gives 6 first
     starts, kinds, units = [0, 6, 7, 13], [PROMPT, KEEP, PROMPT | ANSWER, KEEP], [-1] * 4
     assert keep_ranges(14, starts, kinds, units, 8, "right") == ([(6, 14)], 0)
-    # limit 5: the output gives 3 more, at its end with right (the EOS stays), at its start with left
+    # limit 5: the output gives 3 more, at its end with right (the EOS stays); with left the literal
+    # before it goes first (left keeps the end), then the output gives 2 at its start
     assert keep_ranges(14, starts, kinds, units, 5, "right") == ([(6, 10), (13, 14)], 2)
-    assert keep_ranges(14, starts, kinds, units, 5, "left") == ([(6, 7), (10, 14)], 2)
+    assert keep_ranges(14, starts, kinds, units, 5, "left") == ([(9, 14)], 2)
 
 
 def _oracle(n, starts, kinds, units, limit, method):
     """keep_ranges token by token: whole rounds, oldest first; then one trimmable token at a time
-    (prompt-only text before answers, units in order, within a unit from the segment that gave least,
-    the first of those); then the last token, one at a time. Returns the kept positions and the
+    (prompt-only text, units in order, within a unit from the segment that gave least, the first of
+    those); with left, the first token while it precedes the answer; answers that are truncation
+    fields, the same way; then the last token, one at a time. Returns the kept positions and the
     rounds dropped."""
     ends = [*starts[1:], n]
     kept = [set(range(start, end)) for start, end in zip(starts, ends, strict=True)]
@@ -89,22 +91,35 @@ def _oracle(n, starts, kinds, units, limit, method):
             kept[segment] = set()
         dropped.add(unit)
     gave = [0] * len(starts)
-    order = [(answer, unit) for answer in (False, True) for unit in [-1, *rounds]]
-    while over > 0:
-        group = [
-            s
-            for answer, unit in order
-            for s in range(len(starts))
-            if units[s] == unit and kinds[s] & PROMPT and bool(kinds[s] & ANSWER) == answer and kept[s]
-        ]
-        if not group:
+    answers = [s for s in range(len(starts)) if kinds[s] & ANSWER and units[s] not in dropped]
+
+    def trim(answer):
+        nonlocal over
+        order = [-1, *rounds]
+        while over > 0:
+            group = [
+                s
+                for unit in order
+                for s in range(len(starts))
+                if units[s] == unit and kinds[s] & PROMPT and bool(kinds[s] & ANSWER) == answer and kept[s]
+            ]
+            if not group:
+                return
+            group = [s for s in group if units[s] == units[group[0]]]
+            segment = min(group, key=lambda s: (gave[s], s))
+            kept[segment].remove(max(kept[segment]) if method == "right" else min(kept[segment]))
+            gave[segment] += 1
+            over -= 1
+
+    trim(False)
+    while over > 0 and method == "left" and answers:  # left keeps the end: what precedes the answer goes
+        before = [p for segment in range(min(answers)) for p in kept[segment]]
+        if not before:
             break
-        first = (group[0], units[group[0]], bool(kinds[group[0]] & ANSWER))
-        group = [s for s in group if (units[s], bool(kinds[s] & ANSWER)) == first[1:]]
-        segment = min(group, key=lambda s: (gave[s], s))
-        kept[segment].remove(max(kept[segment]) if method == "right" else min(kept[segment]))
-        gave[segment] += 1
+        first = min(before)
+        next(k for k in kept if first in k).remove(first)
         over -= 1
+    trim(True)
     positions = sorted(set().union(*kept))
     while over > 0:
         positions.pop()
@@ -179,11 +194,27 @@ def test_the_answer_loses_a_token_only_when_no_prompt_text_is_left(sample):
             for p in range(s, e)
         )
 
+    def prompt_only(k):
+        return k & PROMPT and not k & ANSWER
+
+    answers = [s for s, k, u in zip(starts, kinds, units, strict=True) if k & ANSWER and u in surviving]
+    first_answer = min(answers, default=n)
+    before_answer = [p for p in positions if p < first_answer]
     if lost(lambda k: k & ANSWER):
-        assert not left_over(lambda k: k & PROMPT and not k & ANSWER), "an answer cut with prompt text left"
+        assert not left_over(prompt_only), "an answer cut with prompt text left"
+        assert method == "right" or not before_answer, "left: an answer cut with text before it left"
         assert REASONS[reason] == "answer_cut"
     if lost(lambda k: k == KEEP):
-        assert not left_over(lambda k: k & PROMPT), "template text cut with trimmable text left"
+        assert not left_over(prompt_only), "template text cut with trimmable text left"
+        assert method == "left" or not left_over(lambda k: k & PROMPT), "right: template cut before a field"
+    keep_lost_before_answer = any(
+        p not in kept_set
+        for s, e, k, u in zip(starts, ends, kinds, units, strict=True)
+        if k == KEEP and u in surviving
+        for p in range(s, min(e, first_answer))
+    )
+    if method == "right" and keep_lost_before_answer:  # the prompt's template text goes last
+        assert not left_over(lambda k: k & ANSWER)
     if n - 1 not in kept_set:  # the EOS went: the answer's end
         assert REASONS[reason] == "answer_cut"
     elif REASONS[reason] == "answer_cut":
@@ -459,6 +490,15 @@ MEGATRON_BRIDGE_CASES = {
         "right",
         [(3, 8), (13, 14)],
         [(3, 9)],
+    ),
+    "a field outside the truncation fields over the cap, left (the same)": (  # input 2, then context's start
+        14,
+        [0, 8, 10, 13],
+        [KEEP, PROMPT, ANSWER, KEEP],
+        8,
+        "left",
+        [(4, 8), (10, 14)],
+        [(4, 8), (10, 14)],
     ),
     "the answer alone too long, left": (  # the end cut walks from the start: the label's start goes
         14,

@@ -8,7 +8,7 @@ unit:
 kind             meaning
 ===============  ==============================================================================
 ``KEEP`` (0)     template text, role headers, BOS/EOS, the system turn, prompt fields that are
-                 not truncation fields: cut only at the end (step 4) or with a dropped round
+                 not truncation fields: cut only in steps 3 and 5, or with a dropped round
 ``PROMPT`` (1)   text that may be trimmed: the truncation fields of prompt-completion rows
                  (``--truncate-field``, default the input field), user and tool text in chat
 ``ANSWER`` (2)   the completion, or an assistant turn's content; ``PROMPT | ANSWER`` when the
@@ -26,14 +26,17 @@ round ends with an assistant turn); rounds are dropped whole. A sample of ``n`` 
    all it has and the others share the rest again; what the unit cannot give passes to the next
    unit. Each segment is cut at its end (``right``: keep the start, the reference's default) or at
    its start (``left``: keep the end);
-3. trim ``PROMPT | ANSWER`` segments (an answer named as a truncation field) the same way;
-4. cut what is still over from the end of the sample: the EOS (or the turn's end marker) goes first,
+3. ``left`` only: cut what precedes the first answer left (template text, fields that are not
+   truncation fields, the system turn) from the sample's start, as the reference does;
+4. trim ``PROMPT | ANSWER`` segments (an answer named as a truncation field) as in step 2;
+5. cut what is still over from the end of the sample: the EOS (or the turn's end marker) goes first,
    then the end of the answer, then whatever precedes it.
 
-So an answer loses a token only when no trimmable prompt text is left, and ``KEEP`` text (template
-literals, role headers, the system turn) only in step 4 or with a dropped round. The kept tokens
-number exactly ``limit``, fewer only when a dropped round took more than needed. Samples without
-segments (pre-tokenized rows) go straight to step 4.
+So an answer loses a token only when no trimmable prompt text is left (with ``left``: no token
+before it at all), and ``KEEP`` text only in steps 3 and 5 or with a dropped round; with ``right``,
+the ``KEEP`` text before the answer goes only after the whole answer. The kept tokens number exactly
+``limit``, fewer only when a dropped round took more than needed. Samples without segments
+(pre-tokenized rows) go straight to step 5.
 
 Why the EOS goes with a cut answer: what is kept of the answer is a prefix of it, and an EOS after
 that prefix would teach the model to stop mid-answer. With the EOS gone, the sample trains the
@@ -50,14 +53,19 @@ case being the same tokens:
 - a truncation field shorter than its share gives what it has and the rest is not shared again: it
   goes to the reference's end cut, so the answer is cut although another field still had text;
 - the label named as a truncation field shares the cut equally with the other fields; here it is
-  trimmed only once they are empty (step 3);
+  trimmed only once they are empty (step 4);
 - when the answer must be cut, the reference keeps the EOS and drops one answer token more (its
   length counts the EOS); here the EOS goes (above);
-- with ``left``, the reference's end cut starts at the sample's start (template text, then the
-  fields, then the answer's start); here the answer keeps its start, as with ``right``. Its
-  declarative ``prompt_completion_config`` path instead keeps the completion's end;
+- with ``left`` and a short field, the rest goes to the reference's end cut, which starts at the
+  sample's start: template text can go before another field's text; here the fields share it;
+- with ``left`` and an answer longer than what is left, the reference's end cut goes on into the
+  answer's start (its declarative ``prompt_completion_config`` path too keeps the completion's end);
+  here the answer keeps its start and loses its end, as with ``right``;
+- with ``right`` and text outside the truncation fields filling the cap, both lose the whole answer:
+  the reference keeps its EOS (a row whose only supervised token is an EOS right after a cut
+  prompt), here no supervised token is left and the row is excluded (counted, listed);
 - chat rows: the reference does not truncate them when tokenizing (its packer drops them, or cuts
-  their end when padding to a multiple); here steps 1, 2 and 4 apply.
+  their end when padding to a multiple); here every step applies.
 """
 
 from __future__ import annotations
@@ -110,7 +118,7 @@ def keep_ranges(
     ([(3, 9)], 0)
 
     Two prompt fields of 2 and 10 tokens, an answer of 8, a limit of 10: the short field gives its
-    2 tokens and the long one the other 8 (the reference would cut 5 answer tokens here).
+    2 tokens and the long one the other 8 (the answer lost 3 tokens here before issue 26).
 
     >>> keep_ranges(20, [0, 2, 12], [PROMPT, PROMPT, ANSWER], [-1, -1, -1], 10, "right")
     ([(2, 4), (12, 20)], 0)
@@ -142,8 +150,10 @@ def keep_ranges(
             over -= size[segment]
             back[segment] = size[segment]
 
-    # Prompt-only text first, everywhere; an answer that is itself a truncation field after it.
+    # Steps 2 to 4: prompt-only text, everywhere; with left, whatever precedes the answer (from the
+    # start); an answer that is itself a truncation field. Step 5 (the end) below.
     trimmed = answer_cut = False
+    answers = [segment for unit in members for segment in members[unit] if kinds[segment] & ANSWER]
     for answer in (False, True):
         for unit in [-1, *rounds]:
             if over <= 0:
@@ -162,6 +172,13 @@ def keep_ranges(
                         front[segment] += cut
                     else:
                         back[segment] += cut
+        if not answer and over > 0 and method == "left" and answers:
+            for segment in range(min(answers)):
+                cut = min(over, size[segment] - front[segment] - back[segment])
+                if cut > 0:
+                    trimmed = True
+                    front[segment] += cut
+                    over -= cut
 
     if over > 0:  # no trimmable text left: the sample loses its end, EOS first
         answer_cut |= any(kind & ANSWER for kind in kinds)
