@@ -527,3 +527,27 @@ def test_megatron_bridge_rule_and_where_tightpack_differs(case):
     assert sum(b - a for a, b in reference) == limit  # the facts themselves fit the limit
     assert keep_ranges(n, starts, kinds, [-1] * len(starts), limit, method)[0] == ours
     assert (reference == ours) == case.endswith("(the same)")
+
+
+def test_chat_a_short_user_turn_passes_its_share_to_the_tool_turn_of_its_round(tmp_path, gpt2):
+    """Through `pack_dataset`, a chat row whose last round holds a short user turn and a long tool
+    result: the tool text gives what the user turn cannot, and the answer is packed whole (before,
+    the rest fell to the end cut: the answer went and the row was excluded as having no supervised
+    token)."""
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "tool", "content": "log line " * 300},
+                {"role": "assistant", "content": "the build passed"},
+            ]
+        }
+    ]
+    source = write_jsonl(tmp_path / "chat.jsonl", rows)
+    result = pack_dataset([source], tmp_path / "out", PackConfig(packed_sequence_size=64))
+    assert (result.counts["packed"], result.counts["truncated_prompt_trimmed"]) == (1, 1)
+    text = gpt2.backend.decode(
+        read_sequences(tmp_path / "out")[0]["tokens"].tolist(), skip_special_tokens=False
+    )
+    assert text.startswith("<|user|>\n\n<|tool|>\nlog line log line")  # the user turn gave its 1 token
+    assert text.endswith("<|assistant|>\nthe build passed\n<|endoftext|>")
