@@ -105,7 +105,8 @@ def keep_ranges(
             start or to ``n``. Empty lists: the sample has no structure.
         kinds, units: each segment's kind and unit (see the module docstring).
         limit: stored tokens allowed.
-        method: ``right`` trims prompt text at its end, ``left`` at its start.
+        method: ``right`` trims prompt text at its end, ``left`` at its start (and then, before
+            any answer token, what precedes the answer from the sample's start).
 
     Returns the kept ranges, sorted, disjoint and not touching (adjacent ones are merged), and a
     `REASONS` index. They hold ``limit`` tokens, fewer only when whole rounds were dropped.
@@ -163,7 +164,8 @@ def keep_ranges(
                 for segment in members.get(unit, ())
                 if kinds[segment] & PROMPT and bool(kinds[segment] & ANSWER) == answer
             ]
-            for segment, cut in zip(group, _shared_cut(over, [size[s] for s in group]), strict=True):
+            remaining = [size[s] - front[s] - back[s] for s in group]
+            for segment, cut in zip(group, _shared_cut(over, remaining), strict=True):
                 if cut:
                     trimmed = True
                     answer_cut |= answer
@@ -181,7 +183,7 @@ def keep_ranges(
                     over -= cut
 
     if over > 0:  # no trimmable text left: the sample loses its end, EOS first
-        answer_cut |= any(kind & ANSWER for kind in kinds)
+        answer_cut |= bool(answers)
         for segment in range(len(starts) - 1, -1, -1):
             cut = min(over, size[segment] - front[segment] - back[segment])
             back[segment] += cut
