@@ -31,6 +31,8 @@ LossOnOption = Annotated[
 ]
 InputKey = Annotated[str, typer.Option(help="Prompt key of prompt-completion rows.")]
 OutputKey = Annotated[str, typer.Option(help="Completion key of prompt-completion rows.")]
+MessagesKey = Annotated[str, typer.Option(help="Messages key of chat rows.")]
+ToolsKey = Annotated[str, typer.Option(help="Tool schemas key of chat rows (passed to the chat template).")]
 PromptTemplate = Annotated[
     str | None,
     typer.Option(help='Prompt template, ending with the output key (default "{input} {output}").'),
@@ -84,6 +86,8 @@ def format_config(
     input_key: str,
     output_key: str,
     prompt_template: str | None,
+    messages_key: str = "messages",
+    tools_key: str = "tools",
     loss_on: LossOn,
     truncate_field: str | None,
     truncation_method: TruncationMethod,
@@ -96,6 +100,8 @@ def format_config(
         input_key=input_key,
         output_key=output_key,
         prompt_template=prompt_template,
+        messages_key=messages_key,
+        tools_key=tools_key,
         loss_on=loss_on.value,
         truncate_fields=_fields(truncate_field),
         truncation_method=truncation_method.value,

@@ -71,6 +71,8 @@ def pack(
     loss_on: options.LossOnOption = LossOn.assistant,
     input_key: options.InputKey = "input",
     output_key: options.OutputKey = "output",
+    messages_key: options.MessagesKey = "messages",
+    tools_key: options.ToolsKey = "tools",
     prompt_template: options.PromptTemplate = None,
     algorithm: options.AlgorithmOption = Algorithm.bfd,
     balance_costs: Annotated[
@@ -185,6 +187,8 @@ def pack(
             input_key=input_key,
             output_key=output_key,
             prompt_template=prompt_template,
+            messages_key=messages_key,
+            tools_key=tools_key,
             loss_on=loss_on,
             truncate_field=truncate_field,
             truncation_method=truncation_method,
