@@ -487,3 +487,24 @@ def test_every_recorded_setting_has_a_flag_of_pack():
     options = {option for param in command.params for option in param.opts}
     flags = {entry.flag for entry in SETTING_FLAGS.values() if entry.flag is not None}
     assert sorted(flags - options) == []
+
+
+def test_repack_words_for_vision_cost_models_and_settings_of_a_newer_tightpack():
+    """The processor folder is not recorded (a placeholder names it); a cost model is named by its
+    preset; a setting this tightpack has no entry for is returned, never dropped silently."""
+    from tightpack.core.cost_model import COST_MODELS
+    from tightpack.pack_flags import sample_flags
+
+    settings = PackConfig(packed_sequence_size=64).settings()
+    settings["balance_costs"] = COST_MODELS["llama-1b"].to_dict()
+    settings["format"] |= {
+        "vision": {"sizes": {"model": "qwen2_5_vl"}, "media_root": "/data/my media", "tokens": {}},
+        "truncate_fields": [],
+        "future_setting": 3,
+    }
+    words, unknown = sample_flags(settings)
+    assert words == [
+        "--balance-costs", "llama-1b", "--truncate-field", "none", "--vision-processor", "PROCESSOR_FOLDER",
+        "--vision", "qwen2_5_vl", "--media-root", "'/data/my media'",
+    ]  # fmt: skip
+    assert unknown == ["format.future_setting"]
