@@ -135,8 +135,12 @@ def test_the_recommendation_follows_its_rule(tmp_path):
         by_size[1024].epoch_time_balanced <= by_size[512].epoch_time_balanced * 1.01
         and comparison.recommended == 1024
     )
-    assert comparison.reason.startswith(f"{comparison.recommended}: loses 0.00% of the supervised tokens")
-    assert "256 loses" in comparison.reason
+    assert comparison.reason.startswith(
+        f"{comparison.recommended} (the largest size within 1% of the fastest epoch among those losing at "
+        "most 1.00% of the supervised tokens): loses 0.00% of the supervised tokens and 0.00% of all tokens"
+    )
+    assert f"256 loses {by_size[256].supervised_lost_share:.2%} of the supervised tokens" in comparison.reason
+    assert "points" not in comparison.reason
     loose = compare_pack_sizes([inputs], [256, 512], token_slots=4096, config=config, max_supervised_loss=0.5)
     assert loose.recommended == 256  # within the looser threshold, the cheapest epoch wins
     strict = compare_pack_sizes([inputs], [256], token_slots=4096, config=config, max_supervised_loss=0)

@@ -7,6 +7,7 @@ The packs are made once per module: ``main`` (pack size 256, CP 2 so m = 4, a to
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -409,3 +410,101 @@ def test_cli_config_only_skips_the_packed_data(packs, tmp_path, capsys):
     assert cli_main(["validate", path, "--config-only"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-2:] == ["packed data: not checked (--config-only)", "result: ok (0 errors, 0 warnings)"]
+
+
+_REPACK_SETTINGS = {
+    "drop": [
+        "--long-samples", "drop", "--max-seq-length", "48", "--format", "prompt-completion",
+        "--prompt-template", "Question: {input}\nAnswer: {output}", "--algorithm", "first_fit_shuffle",
+        "--seed", "7", "--skip-bad-lines",
+    ],
+    "truncate": [
+        "--max-seq-length", "40", "--input-key", "question", "--output-key", "answer",
+        "--truncation-method", "left", "--truncate-field", "question,context",
+        "--prompt-template", "{context} | {question} -> {answer}", "--loss-on", "last-turn",
+        "--messages-key", "conversation", "--chat-truncation", "end",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(_REPACK_SETTINGS))
+def test_following_the_repack_fix_keeps_every_sample_setting(packs, tmp_path, capsys, name):
+    """Pack with settings that change the samples, ask validate for a smaller pack size, run the
+    printed command: the new packs hold the same samples (same accounting), only the pack size moves."""
+    rows = [
+        {
+            "question": random_words(np.random.default_rng(i), 5 + i % 40),
+            "context": random_words(np.random.default_rng(1000 + i), i % 25),
+            "answer": random_words(np.random.default_rng(2000 + i), 1 + i % 20),
+        }
+        for i in range(200)
+    ]
+    corpus = write_jsonl(
+        tmp_path / "corpus.jsonl", [{"input": r["question"], "output": r["answer"], **r} for r in rows]
+    )
+    old = tmp_path / "old"
+    made = ["pack", str(corpus), "--tokenizer", str(packs["tok_a"]), "--pack-size", "256", "--cp", "2"]
+    assert cli_main([*made, *_REPACK_SETTINGS[name], "--output", str(old)]) == 0
+    config = merge(
+        base(packs, packed_sequence_size=128, packed_train_data_path=str(old)),
+        {"model": {"seq_length": 128}, "dataset": {"seq_length": 128}},
+    )
+    capsys.readouterr()
+    assert cli_main(["validate", _yaml(tmp_path / "c.yaml", config), "--json"]) == 1
+    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    assert error["rule"] == "D2"
+    command = error["fix"].removeprefix("Re-pack into a fresh output folder: ").split("; then set")[0]
+    words = shlex.split(command)
+    assert words[:2] == ["tightpack", "pack"]
+    assert cli_main(words[1:]) == 0
+    new_folder = Path(words[words.index("--output") + 1])
+    before = json.loads((old / "manifest.json").read_text())
+    after = json.loads((new_folder / "manifest.json").read_text())
+    assert after["settings"]["packed_sequence_size"] == 128
+    for manifest in (before, after):  # the topology the configuration asks for
+        for key in ("packed_sequence_size", "pad_to_max_length"):
+            manifest["settings"][key] = None
+    assert after["settings"] == before["settings"]
+    assert after["counts"] == before["counts"]
+    assert before["counts"]["dropped_long" if name == "drop" else "truncated"] > 0
+    config = merge(
+        config, {"dataset": {"offline_packing_specs": {"packed_train_data_path": str(new_folder)}}}
+    )
+    assert cli_main(["validate", _yaml(tmp_path / "new.yaml", config)]) == 0
+
+
+def test_every_recorded_setting_has_a_flag_of_pack():
+    """A new PackConfig or FormatConfig field must get an entry in SETTING_FLAGS, and each flag there
+    must be an option of ``tightpack pack``: otherwise validate's re-pack command would forget it."""
+    import typer.main
+
+    from tightpack.cli.app import app
+    from tightpack.pack_flags import SETTING_FLAGS, recorded_paths
+
+    recorded = recorded_paths(PackConfig(packed_sequence_size=64).settings())
+    assert sorted(recorded) == sorted(SETTING_FLAGS)
+    command = typer.main.get_command(app).commands["pack"]
+    options = {option for param in command.params for option in param.opts}
+    flags = {entry.flag for entry in SETTING_FLAGS.values() if entry.flag is not None}
+    assert sorted(flags - options) == []
+
+
+def test_repack_words_for_vision_cost_models_and_settings_of_a_newer_tightpack():
+    """The processor folder is not recorded (a placeholder names it); a cost model is named by its
+    preset; a setting this tightpack has no entry for is returned, never dropped silently."""
+    from tightpack.core.cost_model import COST_MODELS
+    from tightpack.pack_flags import sample_flags
+
+    settings = PackConfig(packed_sequence_size=64).settings()
+    settings["balance_costs"] = COST_MODELS["llama-1b"].to_dict()
+    settings["format"] |= {
+        "vision": {"sizes": {"model": "qwen2_5_vl"}, "media_root": "/data/my media", "tokens": {}},
+        "truncate_fields": [],
+        "future_setting": 3,
+    }
+    words, unknown = sample_flags(settings)
+    assert words == [
+        "--balance-costs", "llama-1b", "--truncate-field", "none", "--vision-processor", "PROCESSOR_FOLDER",
+        "--vision", "qwen2_5_vl", "--media-root", "'/data/my media'",
+    ]  # fmt: skip
+    assert unknown == ["format.future_setting"]

@@ -3,7 +3,9 @@
 The reference's guidance is to benchmark pack lengths at equal token slots per optimizer step (2K with
 a global batch of 32, 4K with 16 and 8K with 8 all hold 65,536 tokens) and keep the largest that fits.
 `compare_pack_sizes` does that without a GPU: it tokenizes the inputs once (or reuses the cached token
-store), then runs, for each pack size, the same accounting and planner as ``tightpack pack``
+store; again for a smaller size only when a field is long enough to be cut before tokenizing at that
+size's text budget, as ``pack`` at that size would cut it), then runs, for each pack size, the same
+accounting and planner as ``tightpack pack``
 (`tightpack.sample_accounting.account_samples`, `tightpack.pipeline.plan_kept`,
 `tightpack.core.stats.pack_stats`), so every figure of a row is what packing at that size would write
 into its manifest. On top it prices the packs under a cost model and simulates one epoch of the
@@ -11,7 +13,7 @@ offline samplers over the data-parallel ranks (`tightpack.core.balance.epoch_ran
 
 The recommendation is the largest size among those within a small margin of the fastest epoch, of
 the sizes that lose at most ``max_supervised_loss`` of the supervised tokens; the rows keep every
-trade-off in view.
+trade-off in view. The rows, the table and the recommendation are `tightpack.pack_size_rows`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,156 +34,14 @@ from tightpack.core.cost_model import CostModel
 from tightpack.core.stats import pack_stats
 from tightpack.errors import TightpackError
 from tightpack.pack_config import PackConfig
-from tightpack.pipeline import Progress, plan_kept, tokenize_inputs
+from tightpack.pack_size_rows import SAME_TIME, PackSizeComparison, PackSizeRow, recommend, relative
+from tightpack.pipeline import Progress, TokenizedInputs, plan_kept, same_texts, text_budget, tokenize_inputs
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.sample_accounting import account_samples
 
-__all__ = ["PackSizeComparison", "PackSizeRow", "compare_pack_sizes"]
+__all__ = ["SAME_TIME", "PackSizeComparison", "PackSizeRow", "compare_pack_sizes"]
 
 DEFAULT_COST_MODEL = "llama-8b"
-SAME_TIME = 0.01
-"""Epoch times within this fraction of the fastest count as equally fast: the larger size wins."""
-
-
-@dataclass(frozen=True)
-class PackSizeRow:
-    """What packing at one pack size gives (one row of ``tightpack plan``).
-
-    Token counts are runtime tokens; costs are in the cost model's unit, ``*_relative`` ones divided by
-    the smallest value over the rows (1.0 is the cheapest candidate).
-
-    Attributes:
-        pack_size: P.
-        global_batch_size: packs per optimizer step at the equal token slots (``token_slots // P``).
-        packs, lower_bound, gap: packs planned, the L2 lower bound, and packs above it.
-        fill: packed tokens over ``packs * P`` (alignment padding counts as packed).
-        samples_packed, truncated, dropped_long: the samples packed (truncated ones included),
-            truncated, and dropped for length (``long_samples="drop"``, or media samples).
-        lost_after_truncation: samples left without a supervised token by truncation (dropped).
-        tokens_lost, supervised_lost: tokens and supervised tokens not trained on.
-        supervised_lost_share: ``supervised_lost`` over the supervised tokens of the inputs.
-        alignment_padding: tokens of alignment padding (``pad_seq_to_mult``).
-        steps_per_epoch: whole global batches (the last ``packs % GBS`` packs wait for the next epoch).
-        attention_cost: ``sum(s**2)`` over the packed sequences (aligned lengths), tokens squared.
-        epoch_cost: the cost of all packs under the cost model.
-        step_cost: mean cost of an optimizer step (all ranks): ``epoch_cost * GBS / packs``.
-        overhead_in_order, overhead_balanced: straggler overhead (`straggler_overhead`) of one epoch at
-            the data-parallel size, the packs dealt as ``PackedBatchSampler`` and as
-            ``BalancedPackedBatchSampler`` do; None when ``GBS`` is no multiple of DP or the packs fill no
-            step.
-        epoch_time_in_order, epoch_time_balanced: one epoch's time, ``sum over steps of the slowest
-            rank's cost``, in the cost model's unit; None as above.
-        note: why a row cannot run, or "".
-    """
-
-    pack_size: int
-    global_batch_size: int
-    packs: int
-    lower_bound: int
-    gap: int
-    fill: float
-    samples_packed: int
-    truncated: int
-    dropped_long: int
-    lost_after_truncation: int
-    tokens_lost: int
-    supervised_lost: int
-    supervised_lost_share: float
-    alignment_padding: int
-    steps_per_epoch: int
-    attention_cost: float
-    epoch_cost: float
-    step_cost: float
-    overhead_in_order: float | None
-    overhead_balanced: float | None
-    epoch_time_in_order: float | None
-    epoch_time_balanced: float | None
-    attention_cost_relative: float = 0.0
-    step_cost_relative: float = 0.0
-    epoch_time_relative: float | None = None
-    note: str = ""
-
-    @property
-    def runnable(self) -> bool:
-        return self.epoch_time_balanced is not None
-
-
-@dataclass(frozen=True)
-class PackSizeComparison:
-    """The rows of `compare_pack_sizes`, the inputs' totals and the recommendation.
-
-    Attributes:
-        rows: one per pack size, ascending.
-        recommended: the recommended pack size, None when no size can run at this DP.
-        reason: why, and what the other sizes would trade.
-        samples_in, tokens_in, supervised_in: the inputs' totals (runtime tokens).
-        sample_lengths: runtime length of every tokenized sample, int64 ``[samples]`` (for histograms).
-        token_slots, data_parallel_size, multiple: the settings compared at.
-        max_supervised_loss: the largest share of supervised tokens a recommended size may lose.
-        cost_model: the cost model's JSON form (`CostModel.to_dict`), with its name.
-        seconds: time per stage (``tokenize``, ``plan``).
-        reused_store: whether tokenizing reused the cached token store.
-    """
-
-    rows: tuple[PackSizeRow, ...]
-    recommended: int | None
-    reason: str
-    samples_in: int
-    tokens_in: int
-    supervised_in: int
-    sample_lengths: np.ndarray
-    token_slots: int
-    data_parallel_size: int
-    multiple: int
-    max_supervised_loss: float
-    cost_model: dict[str, Any]
-    seconds: dict[str, float]
-    reused_store: bool
-
-    def row(self, pack_size: int) -> PackSizeRow:
-        return next(row for row in self.rows if row.pack_size == pack_size)
-
-    def table(self) -> list[list[str]]:
-        """The table of ``tightpack plan`` (and its HTML report): a header row (``"pack size"``, then
-        each size), then one row per measure, its name then one cell per pack size."""
-        header = ["pack size", *(f"{row.pack_size:,}" for row in self.rows)]
-        return [header, *([name, *(cell(row) for row in self.rows)] for name, cell in _MEASURES)]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, without the per-sample lengths."""
-        values = {
-            field.name: getattr(self, field.name)
-            for field in dataclasses.fields(self)
-            if field.name not in ("rows", "sample_lengths")
-        }
-        return {**values, "rows": [dataclasses.asdict(row) for row in self.rows]}
-
-
-def _share(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2%}"
-
-
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-_MEASURES = (
-    ("global batch size", lambda row: f"{row.global_batch_size:,}"),
-    ("packs", lambda row: f"{row.packs:,}"),
-    ("lower bound (gap)", lambda row: f"{row.lower_bound:,} ({row.gap:,})"),
-    ("fill", lambda row: f"{row.fill:.2%}"),
-    ("samples truncated", lambda row: f"{row.truncated:,}"),
-    ("samples dropped", lambda row: f"{row.dropped_long + row.lost_after_truncation:,}"),
-    ("supervised tokens lost", lambda row: f"{row.supervised_lost:,} ({row.supervised_lost_share:.2%})"),
-    ("alignment padding", lambda row: f"{row.alignment_padding:,}"),
-    ("steps per epoch", lambda row: f"{row.steps_per_epoch:,}"),
-    ("attention cost (relative)", lambda row: _ratio(row.attention_cost_relative)),
-    ("step cost (relative)", lambda row: _ratio(row.step_cost_relative)),
-    ("straggler overhead, in order", lambda row: _share(row.overhead_in_order)),
-    ("straggler overhead, balanced", lambda row: _share(row.overhead_balanced)),
-    ("epoch time (relative, balanced)", lambda row: _ratio(row.epoch_time_relative)),
-)
-"""The measures of `PackSizeComparison.table`: a name, and a row's cell."""
 
 
 def compare_pack_sizes(
@@ -233,14 +92,18 @@ def compare_pack_sizes(
     model_name = cost_model if isinstance(cost_model, str) else str(cost_model)
     with tempfile.TemporaryDirectory(prefix="tightpack-plan-") as work:
         workdir = Path(work)
-        tokenized = tokenize_inputs(
+        largest = tokenize_inputs(
             inputs, configs[sizes[-1]], workdir, tokenizer=tokenizer, split=split, progress=progress
         )
-        seconds = {"tokenize": tokenized.seconds}
-        clock = time.perf_counter()
-        report = tokenized.report
+        seconds = {"tokenize": largest.seconds}
         rows, totals = [], {}
+        plan_seconds = 0.0
         for size in sizes:
+            tokenized = _tokenized_at(largest, size, configs, inputs, workdir, split, progress)
+            if tokenized is not largest:
+                seconds["tokenize"] += tokenized.seconds
+            clock = time.perf_counter()
+            report = tokenized.report
             staging = workdir / f"size-{size}"
             staging.mkdir()
             counts, keep, aligned, _, _ = account_samples(report.store, configs[size], report, staging)
@@ -253,10 +116,11 @@ def compare_pack_sizes(
                 )
             )
             shutil.rmtree(staging)
-        sample_lengths = report.store.lengths - 1
-        seconds["plan"] = time.perf_counter() - clock
-    rows = _relative(rows)
-    recommended, reason = _recommend(rows, max_supervised_loss)
+            plan_seconds += time.perf_counter() - clock
+        sample_lengths = largest.report.store.lengths - 1
+        seconds["plan"] = plan_seconds
+    rows = relative(rows)
+    recommended, reason = recommend(rows, max_supervised_loss)
     return PackSizeComparison(
         rows=tuple(rows),
         recommended=recommended,
@@ -264,6 +128,8 @@ def compare_pack_sizes(
         samples_in=totals["samples_in"],
         tokens_in=totals["tokens_in"],
         supervised_in=totals["supervised_in"],
+        samples_tokenized=totals["tokenized"],
+        bad_rows=tuple({"location": bad.location, "reason": bad.reason} for bad in largest.report.bad_rows),
         sample_lengths=sample_lengths,
         token_slots=token_slots,
         data_parallel_size=data_parallel_size,
@@ -271,8 +137,30 @@ def compare_pack_sizes(
         max_supervised_loss=max_supervised_loss,
         cost_model={"name": model_name, **model.to_dict()},
         seconds=seconds,
-        reused_store=report.reused,
+        reused_store=largest.report.reused,
     )
+
+
+def _tokenized_at(
+    largest: TokenizedInputs,
+    size: int,
+    configs: dict[int, PackConfig],
+    inputs: Any,
+    workdir: Path,
+    split: str | None,
+    progress: Progress | None,
+) -> TokenizedInputs:
+    """The samples ``tightpack pack`` at ``size`` tokenizes: those of the largest size, unless a field
+    may be cut before tokenizing at this size's smaller text budget (`same_texts`): then tokenized anew
+    with that budget, so every count is that of ``pack`` at this size."""
+    spec, report, top = largest.spec, largest.report, max(configs)
+    budget = text_budget(spec, configs[size])
+    longest = int(report.store.lengths.max(initial=0))
+    if same_texts(text_budget(spec, configs[top]), report.texts_cut, longest, budget, configs[size].cap):
+        return largest
+    folder = workdir / f"tokenized-{size}"
+    folder.mkdir()
+    return tokenize_inputs(inputs, configs[size], folder, tokenizer=spec, split=split, progress=progress)
 
 
 def _check_sizes(pack_sizes: Sequence[int], token_slots: int) -> list[int]:
@@ -333,8 +221,11 @@ def _row(
         truncated=counts["truncated"],
         dropped_long=counts["dropped_long"],
         lost_after_truncation=counts["no_supervised_after_truncation"],
+        tokens_in=counts["tokens_in"],
+        supervised_in=counts["supervised_in"],
         tokens_lost=counts["tokens_lost"],
         supervised_lost=counts["supervised_lost"],
+        tokens_lost_share=counts["tokens_lost"] / max(counts["tokens_in"], 1),
         supervised_lost_share=counts["supervised_lost"] / max(counts["supervised_in"], 1),
         alignment_padding=counts["alignment_padding"],
         steps_per_epoch=steps,
@@ -347,66 +238,3 @@ def _row(
         epoch_time_balanced=times.get(True),
         note=note,
     )
-
-
-def _relative(rows: list[PackSizeRow]) -> list[PackSizeRow]:
-    """The rows with the ``*_relative`` fields: each value over the smallest of the rows."""
-
-    def smallest(values: list[float | None]) -> float:
-        present = [value for value in values if value is not None and value > 0]
-        return min(present) if present else 1.0
-
-    attention = smallest([row.attention_cost for row in rows])
-    step = smallest([row.step_cost for row in rows])
-    epoch = smallest([row.epoch_time_balanced for row in rows])
-    return [
-        dataclasses.replace(
-            row,
-            attention_cost_relative=row.attention_cost / attention,
-            step_cost_relative=row.step_cost / step,
-            epoch_time_relative=None if row.epoch_time_balanced is None else row.epoch_time_balanced / epoch,
-        )
-        for row in rows
-    ]
-
-
-def _recommend(rows: list[PackSizeRow], max_loss: float) -> tuple[int | None, str]:
-    """The largest size within `SAME_TIME` of the fastest epoch among those losing at most ``max_loss``
-    of the supervised tokens (the least lossy one when none does), and the reason, trade-offs included."""
-    runnable = [row for row in rows if row.runnable]
-    if not runnable:
-        return None, "no pack size can run: " + "; ".join(f"{row.pack_size}: {row.note}" for row in rows)
-    within = [row for row in runnable if row.supervised_lost_share <= max_loss]
-    if within:
-        fastest = min(row.epoch_time_balanced for row in within)
-        chosen = max(
-            (row for row in within if row.epoch_time_balanced <= fastest * (1 + SAME_TIME)),
-            key=lambda row: row.pack_size,
-        )
-        why = (
-            f"{chosen.pack_size}: loses {chosen.supervised_lost_share:.2%} of the supervised tokens "
-            f"(at most {max_loss:.2%} allowed) and has the "
-            + ("fastest epoch" if chosen.epoch_time_balanced == fastest else "fastest epoch within 1%")
-        )
-    else:
-        chosen = min(runnable, key=lambda row: (row.supervised_lost_share, -row.pack_size))
-        why = (
-            f"{chosen.pack_size}: every size loses more than {max_loss:.2%} of the supervised tokens; this "
-            f"one loses the least ({chosen.supervised_lost_share:.2%})"
-        )
-    others = [_trade_off(row, chosen, max_loss) for row in rows if row is not chosen]
-    return chosen.pack_size, "; ".join([why, *others])
-
-
-def _trade_off(row: PackSizeRow, chosen: PackSizeRow, max_loss: float) -> str:
-    """One other size against the chosen one, in a phrase."""
-    if not row.runnable:
-        return f"{row.pack_size} cannot run ({row.note})"
-    time = row.epoch_time_balanced / chosen.epoch_time_balanced
-    kept = (chosen.supervised_lost_share - row.supervised_lost_share) * 100
-    loss = (
-        f"loses {row.supervised_lost_share:.2%} of the supervised tokens"
-        if row.supervised_lost_share > max_loss
-        else f"keeps {kept:+.2f} points of the supervised tokens"
-    )
-    return f"{row.pack_size} {loss} at {time:.3f}x the epoch time"

@@ -14,7 +14,7 @@ tokens lost are counted too. The manifest lists the source row of every sample n
 Long samples are cut by `tightpack.core.truncation` (trim the prompt, keep the answer); the cut
 samples are written to a small overlay store in the staging folder, and the writer takes them from
 there. The token store itself keeps whole samples, so other pack sizes can reuse it; only a field
-too long for any cap (`_text_budget`) loses its middle before tokenizing.
+too long for any cap (`text_budget`) loses its middle before tokenizing.
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def _tokenize(
         return ray_run.tokenize(
             sources,
             lambda: _chunks(sources),
-            Encoder(spec, config.format, _text_budget(spec, config)),
+            Encoder(spec, config.format, text_budget(spec, config)),
             staging / "_parts",
             long_samples=LongSamples(config.cap + 1 if cut else None, config.format.truncation_method),
             chunk_rows=_CHUNK_ROWS,
@@ -335,7 +335,7 @@ def _tokenize(
         )
     key = _store_key(sources, spec, config) if config.reuse_store else None
     cache = StoreCache(default_cache_dir() / "stores")
-    budget = _text_budget(spec, config)
+    budget = text_budget(spec, config)
     store_dir = staging / "_store"
     if key is not None:
         try:
@@ -347,7 +347,8 @@ def _tokenize(
             key = None
     if key is not None and (hit := cache.lookup(key)) is not None:
         folder, info = hit
-        if not info["texts_cut"] or budget <= info["text_budget"]:
+        longest = int(TokenStore.open(folder).lengths.max(initial=0))
+        if same_texts(info["text_budget"], info["texts_cut"], longest, budget, config.cap):
             shutil.rmtree(store_dir, ignore_errors=True)
             progress.advance(info["rows_read"])
             bad_rows = [BadRow(**row) for row in info["bad_rows"]]
@@ -355,7 +356,7 @@ def _tokenize(
             return TokenizeReport(
                 store, info["rows_read"], bad_rows, reused=True, texts_cut=info["texts_cut"]
             )
-        shutil.rmtree(folder, ignore_errors=True)  # its cut texts are too short for this larger cap
+        shutil.rmtree(folder, ignore_errors=True)  # its texts are not what this cap tokenizes
     try:
         report = tokenize_to_store(
             _chunks(sources),
@@ -396,7 +397,26 @@ def _cluster(config: PackConfig) -> Iterator[Any]:
         yield ray_run
 
 
-def _text_budget(spec: TokenizerSpec, config: PackConfig) -> int:
+def same_texts(store_budget: int, texts_cut: int, longest: int, budget: int, cap: int) -> bool:
+    """Whether a token store made with text budget ``store_budget`` holds the very samples a run with
+    ``budget`` and cap ``cap`` would tokenize (so its counts, ``tokens_in`` included, are that run's).
+
+    ``texts_cut``: samples of the store that lost their middle; ``longest``: its longest sample (stored
+    tokens). A field cut at ``budget`` has over ``2 * budget`` characters, so over ``2 * (cap + 1)``
+    tokens (a token covers at most ``max_token_bytes`` characters): a store whose samples are all
+    shorter, and none cut, is the same at any budget.
+
+    >>> same_texts(9000, 0, 300, 5000, 100), same_texts(9000, 0, 300, 5000, 149)
+    (False, True)
+    """
+    if budget == store_budget:
+        return True
+    if texts_cut:  # its cut texts keep another middle than this budget would
+        return False
+    return budget > store_budget or longest <= 2 * (cap + 1)
+
+
+def text_budget(spec: TokenizerSpec, config: PackConfig) -> int:
     """Characters kept at each end of a field cut before tokenizing (`tightpack.prepare.formats._bounded`).
 
     A sample keeps at most ``cap + 1`` tokens, and a token covers at most ``max_token_bytes`` bytes

@@ -1,4 +1,5 @@
-"""The options ``tightpack pack`` and ``tightpack plan`` share: how rows become samples, and the topology.
+"""The options ``tightpack pack`` and ``tightpack plan`` share: how rows become samples (vision included),
+and the topology.
 
 Each is an ``Annotated`` type to use as a parameter's annotation, so the two commands spell, document
 and check them once; `format_config` turns the sample options into a `FormatConfig`.
@@ -12,8 +13,10 @@ from typing import Annotated
 import typer
 
 from tightpack.cli.app import Algorithm, ChatTruncation, Format, LongSamples, LossOn, TruncationMethod
+from tightpack.errors import TightpackError
 from tightpack.prepare import formats
 from tightpack.prepare.vision_rows import VisionSpec
+from tightpack.prepare.vision_sizes import VisionSizes
 
 Inputs = Annotated[
     list[Path] | None,
@@ -31,6 +34,8 @@ LossOnOption = Annotated[
 ]
 InputKey = Annotated[str, typer.Option(help="Prompt key of prompt-completion rows.")]
 OutputKey = Annotated[str, typer.Option(help="Completion key of prompt-completion rows.")]
+MessagesKey = Annotated[str, typer.Option(help="Messages key of chat rows.")]
+ToolsKey = Annotated[str, typer.Option(help="Tool schemas key of chat rows (passed to the chat template).")]
 PromptTemplate = Annotated[
     str | None,
     typer.Option(help='Prompt template, ending with the output key (default "{input} {output}").'),
@@ -75,6 +80,26 @@ Reuse = Annotated[
 SkipBadLines = Annotated[
     bool, typer.Option("--skip-bad-lines", help="Skip and count bad rows instead of stopping.")
 ]
+VisionProcessor = Annotated[
+    Path | None,
+    typer.Option(
+        help="Qwen-VL packing: the model's processor folder (what processor.save_pretrained writes: "
+        "processor_config.json or preprocessor_config.json); chat rows may "
+        "then hold image and video parts (docs/vision.md).",
+    ),
+]
+VisionFamily = Annotated[
+    str | None,
+    typer.Option(
+        "--vision",
+        help="Model family of --vision-processor (qwen2_vl, qwen2_5_vl, qwen3_vl) when its "
+        "config.json does not say.",
+    ),
+]
+MediaRoot = Annotated[
+    Path | None,
+    typer.Option(help="Folder that relative media paths start from (default: the first input's folder)."),
+]
 Split = Annotated[str | None, typer.Option(help="Split of a Hugging Face dataset dictionary saved to disk.")]
 
 
@@ -84,6 +109,8 @@ def format_config(
     input_key: str,
     output_key: str,
     prompt_template: str | None,
+    messages_key: str = "messages",
+    tools_key: str = "tools",
     loss_on: LossOn,
     truncate_field: str | None,
     truncation_method: TruncationMethod,
@@ -96,6 +123,8 @@ def format_config(
         input_key=input_key,
         output_key=output_key,
         prompt_template=prompt_template,
+        messages_key=messages_key,
+        tools_key=tools_key,
         loss_on=loss_on.value,
         truncate_fields=_fields(truncate_field),
         truncation_method=truncation_method.value,
@@ -111,3 +140,17 @@ def _fields(option: str | None) -> tuple[str, ...] | None:
     if option.strip().lower() == "none":
         return ()
     return tuple(name.strip() for name in option.split(",") if name.strip())
+
+
+def vision_spec(
+    processor: Path | None, model: str | None, media_root: Path | None, inputs: list[Path] | None
+) -> VisionSpec | None:
+    """The vision settings of ``--vision-processor`` (None: text-only packing)."""
+    if processor is None:
+        if model is not None or media_root is not None:
+            raise TightpackError(
+                "--vision and --media-root need --vision-processor (the model's processor folder)"
+            )
+        return None
+    root = media_root if media_root is not None else (inputs[0].parent if inputs else Path("."))
+    return VisionSpec(VisionSizes.from_folder(processor, model), media_root=str(root.resolve()))

@@ -28,8 +28,6 @@ from tightpack.cli.app import (
     stdout,
 )
 from tightpack.errors import TightpackError
-from tightpack.prepare.vision_rows import VisionSpec
-from tightpack.prepare.vision_sizes import VisionSizes
 
 
 def _default_workers() -> int:
@@ -71,6 +69,8 @@ def pack(
     loss_on: options.LossOnOption = LossOn.assistant,
     input_key: options.InputKey = "input",
     output_key: options.OutputKey = "output",
+    messages_key: options.MessagesKey = "messages",
+    tools_key: options.ToolsKey = "tools",
     prompt_template: options.PromptTemplate = None,
     algorithm: options.AlgorithmOption = Algorithm.bfd,
     balance_costs: Annotated[
@@ -125,25 +125,9 @@ def pack(
         bool,
         typer.Option("--demo", help="Pack the embedded demo corpus (needed with --output and no input)."),
     ] = False,
-    vision_processor: Annotated[
-        Path | None,
-        typer.Option(
-            help="Qwen-VL packing: the model's processor folder (what processor.save_pretrained writes: "
-            "processor_config.json or preprocessor_config.json); chat rows may "
-            "then hold image and video parts (docs/vision.md).",
-        ),
-    ] = None,
-    vision: Annotated[
-        str | None,
-        typer.Option(
-            help="Model family of --vision-processor (qwen2_vl, qwen2_5_vl, qwen3_vl) when its "
-            "config.json does not say."
-        ),
-    ] = None,
-    media_root: Annotated[
-        Path | None,
-        typer.Option(help="Folder that relative media paths start from (default: the first input's folder)."),
-    ] = None,
+    vision_processor: options.VisionProcessor = None,
+    vision: options.VisionFamily = None,
+    media_root: options.MediaRoot = None,
 ) -> None:
     """Tokenize samples and pack them into Megatron-Bridge-readable packed Parquet."""
     if inputs and demo:
@@ -185,11 +169,13 @@ def pack(
             input_key=input_key,
             output_key=output_key,
             prompt_template=prompt_template,
+            messages_key=messages_key,
+            tools_key=tools_key,
             loss_on=loss_on,
             truncate_field=truncate_field,
             truncation_method=truncation_method,
             chat_truncation=chat_truncation,
-            vision=_vision(vision_processor, vision, media_root, inputs),
+            vision=options.vision_spec(vision_processor, vision, media_root, inputs),
         ),
     )
     columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -308,15 +294,3 @@ def _print_summary(result) -> None:
         stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False, soft_wrap=True)
     if len(result.bad_rows) > 5:
         stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")
-
-
-def _vision(processor: Path | None, model: str | None, media_root: Path | None, inputs) -> VisionSpec | None:
-    """The vision settings of ``--vision-processor`` (None: text-only packing)."""
-    if processor is None:
-        if model is not None or media_root is not None:
-            raise TightpackError(
-                "--vision and --media-root need --vision-processor (the model's processor folder)"
-            )
-        return None
-    root = media_root if media_root is not None else (inputs[0].parent if inputs else Path("."))
-    return VisionSpec(VisionSizes.from_folder(processor, model), media_root=str(root.resolve()))

@@ -50,6 +50,8 @@ def plan(
     loss_on: options.LossOnOption = LossOn.assistant,
     input_key: options.InputKey = "input",
     output_key: options.OutputKey = "output",
+    messages_key: options.MessagesKey = "messages",
+    tools_key: options.ToolsKey = "tools",
     prompt_template: options.PromptTemplate = None,
     algorithm: options.AlgorithmOption = Algorithm.bfd,
     pad_seq_to_mult: options.PadSeqToMult = None,
@@ -65,6 +67,9 @@ def plan(
     reuse: options.Reuse = True,
     skip_bad_lines: options.SkipBadLines = False,
     split: options.Split = None,
+    vision_processor: options.VisionProcessor = None,
+    vision: options.VisionFamily = None,
+    media_root: options.MediaRoot = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
     plot: Annotated[
         Path | None, typer.Option(help="Write the measures against pack size as a PNG (tightpack[plots]).")
@@ -73,7 +78,11 @@ def plan(
         Path | None, typer.Option(help="Write a self-contained HTML report (table and plots).")
     ] = None,
 ) -> None:
-    """Plan each pack size on one tokenization; compare fill, lost tokens, cost and balance; recommend."""
+    """Plan each pack size on one tokenization; compare fill, lost tokens, cost and balance; recommend.
+
+    Exits 1 when no pack size can run at this DP and token slots (as ``validate`` and ``verify`` exit 1
+    on what they find), 2 on a user error.
+    """
     from tightpack.pack_config import PackConfig
     from tightpack.pack_sizes import compare_pack_sizes
 
@@ -99,10 +108,13 @@ def plan(
             input_key=input_key,
             output_key=output_key,
             prompt_template=prompt_template,
+            messages_key=messages_key,
+            tools_key=tools_key,
             loss_on=loss_on,
             truncate_field=truncate_field,
             truncation_method=truncation_method,
             chat_truncation=chat_truncation,
+            vision=options.vision_spec(vision_processor, vision, media_root, inputs),
         ),
     )
     comparison = compare_pack_sizes(
@@ -125,6 +137,7 @@ def plan(
             plots.write_html_report(html, "tightpack plan", comparison.table(), [figure], notes=notes)
     if as_json:
         print(json.dumps(comparison.to_dict(), indent=2))
+        _exit_when_nothing_runs(comparison)
         return
     header, *measures = comparison.table()
     table = Table(title=_title(comparison))
@@ -139,6 +152,18 @@ def plan(
     for row in comparison.rows:
         if row.note:
             stderr.print(f"note: {row.pack_size}: {row.note}", markup=False, highlight=False, soft_wrap=True)
+    for bad in comparison.bad_rows[:5]:
+        stderr.print(
+            f"skipped {bad['location']}: {bad['reason']}", markup=False, highlight=False, soft_wrap=True
+        )
+    if len(comparison.bad_rows) > 5:
+        stderr.print(f"... and {len(comparison.bad_rows) - 5} more bad rows", markup=False, highlight=False)
+    _exit_when_nothing_runs(comparison)
+
+
+def _exit_when_nothing_runs(comparison) -> None:
+    if comparison.recommended is None:
+        raise typer.Exit(1)
 
 
 def _sizes(text: str) -> list[int]:
@@ -153,8 +178,15 @@ def _sizes(text: str) -> list[int]:
 
 def _title(comparison) -> str:
     reused = " (token store reused)" if comparison.reused_store else ""
+    skipped = len(comparison.bad_rows)
+    samples = (
+        f"{comparison.samples_in:,} rows read, {skipped:,} bad rows skipped, "
+        f"{comparison.samples_tokenized:,} samples planned"
+        if skipped
+        else f"{comparison.samples_in:,} samples"
+    )
     return (
-        f"{comparison.samples_in:,} samples, {comparison.token_slots:,} token slots per step, "
+        f"{samples}, {comparison.token_slots:,} token slots per step, "
         f"DP {comparison.data_parallel_size}, multiple {comparison.multiple}, cost model "
         f"{comparison.cost_model['name']}; tokenize {comparison.seconds['tokenize']:.2f} s{reused}, "
         f"plan {comparison.seconds['plan']:.2f} s"

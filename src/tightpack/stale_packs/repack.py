@@ -11,6 +11,7 @@ from typing import Any
 
 from tightpack.config.derive import has_fixed_width
 from tightpack.core.alignment import alignment_multiple
+from tightpack.pack_flags import sample_flags
 from tightpack.stale_packs.result import CheckedSplit
 from tightpack.stale_packs.rules import SPECS as _SPECS
 
@@ -50,21 +51,34 @@ class Repack:
             words.append(f"--pad-seq-to-mult {target}")
         size = self.configured_p if self.configured_p and self.configured_p > 0 else split.pack_size
         words.append(f"--pack-size {size}")
-        if specs and specs.max_single_sequence_length:
-            words.append(f"--max-seq-length {specs.max_single_sequence_length}")
+        settings = manifest.get("settings", {})
+        cap = _repack_cap(settings, specs.max_single_sequence_length if specs else None, size)
+        if cap is not None:
+            words.append(f"--max-seq-length {cap}")
         if has_fixed_width(self.config.dataset):
             words.append("--pad-to-max-length")
         if self.pad_cu_seqlens:
             words.append("--pad-cu-seqlens")
-        settings = manifest.get("settings", {})
-        if settings.get("algorithm") not in (None, "bfd"):
-            words.append(f"--algorithm {settings['algorithm']}")
-        if settings.get("seed"):
-            words.append(f"--seed {settings['seed']}")
+        sample, unknown = sample_flags(settings)
+        words += sample
         base = split.folder if Path(split.path).is_dir() or split.manifest else Path(split.path).parent
         output = f"{str(base).rstrip(os.sep)}-p{size}-m{target}"
         words += ["--output", shlex.quote(output)]
-        return " ".join(words), output
+        command = " ".join(words)
+        if unknown:  # recorded by a newer tightpack: say so rather than drop them
+            command += f" (and the recorded {', '.join(unknown)}, which this tightpack has no flag for)"
+        return command, output
+
+
+def _repack_cap(settings: Mapping[str, Any], configured: int | None, size: int | None) -> int | None:
+    """The re-pack's ``--max-seq-length``: the configuration's ``max_single_sequence_length``, else the
+    manifest's cap when it was below its pack size (at most the new pack size); None: the pack size."""
+    if configured:
+        return configured
+    cap, recorded_size = settings.get("max_seq_length"), settings.get("packed_sequence_size")
+    if not cap or not recorded_size or cap >= recorded_size:
+        return None
+    return min(cap, size) if size else cap
 
 
 def _repack_tokenizer(manifest: Mapping[str, Any], raw: Mapping[str, Any]) -> str | None:
