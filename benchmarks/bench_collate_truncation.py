@@ -23,14 +23,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.long_chat_rows import long_chat_rows  # noqa: E402
-from tightpack.errors import TightpackError  # noqa: E402
-from tightpack.pack_config import PackConfig  # noqa: E402
-from tightpack.pipeline import pack_dataset  # noqa: E402
-from tightpack.prepare.formats import FormatConfig  # noqa: E402
-from tightpack.prepare.tokenize import Encoder  # noqa: E402
-from tightpack.prepare.tokenizer import load_tokenizer  # noqa: E402
-from tightpack.runtime.hf_trainer import PackingCollator  # noqa: E402
+from tests.long_chat_rows import long_chat_rows
+
+from tightpack.errors import TightpackError
+from tightpack.pack_config import PackConfig
+from tightpack.pipeline import pack_dataset
+from tightpack.prepare.formats import FormatConfig
+from tightpack.prepare.tokenize import Encoder
+from tightpack.prepare.tokenizer import load_tokenizer
+from tightpack.runtime.hf_trainer import PackingCollator
 
 
 def main() -> None:
