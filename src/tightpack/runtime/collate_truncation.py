@@ -116,8 +116,11 @@ class LongSampleRules:
         stored_extra: int,
     ) -> None:
         check_choice(f"{owner} long_samples", long_samples, get_args(LongSamples))
-        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int | np.integer) or max_length < 1
+        ):
             raise TightpackError(f"{owner} max_length must be a positive integer, got {max_length!r}")
+        max_length = None if max_length is None else int(max_length)
         self.max_length, self.long_samples, self.method = max_length, long_samples, method
         self.owner, self.stored_extra = owner, stored_extra
         self.limit = None if max_length is None else max_length + stored_extra

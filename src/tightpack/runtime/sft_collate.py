@@ -158,7 +158,8 @@ class TextSFTCollator:
         return self.collate_tokenized(self.encode(examples))
 
     def collate_tokenized(self, samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
-        """The batch of already tokenized samples: ``(ids, unshifted mask)`` each."""
+        """The batch of already tokenized samples: ``(ids, unshifted mask)`` each, taken as they are
+        (``max_length`` and ``long_samples`` apply to rows, in `encode`)."""
         rows = []
         for ids, mask in samples:
             labels, loss_mask = shift_labels(ids, mask, self.ignore_index)
