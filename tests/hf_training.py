@@ -13,7 +13,6 @@ tokenizer), so both runs optimise the same per-token loss.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenize import Encoder
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.runtime.samplers import TokenBudgetBatchSampler
-from tightpack.runtime.sft_collate import shift_labels
+from tightpack.runtime.sft_collate import TextSFTCollator, shift_labels
 
 
 def small_tokenizer(rows: Sequence[dict], vocab_size: int = 1024) -> TokenizerSpec:
@@ -63,13 +62,14 @@ def tiny_llama(vocab_size: int, seed: int = 0, attention: str = "sdpa", hidden: 
 def encoded_rows(
     rows: Sequence[dict], spec: TokenizerSpec, max_length: int
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(ids, unshifted mask)`` of every row, EOS appended, cut to ``max_length`` stored tokens."""
+    """``(ids, unshifted mask)`` of every row, EOS appended, fitted to ``max_length`` stored tokens as
+    the collators fit them (`tightpack.runtime.collate_truncation`: long samples cut as ``tightpack
+    pack`` cuts them); a row they leave out (no supervised token) is empty."""
     result = Encoder(spec, FormatConfig()).encode_rows(list(rows))
-    bounds = np.concatenate(([0], np.cumsum(result.lengths)))
-    return [
-        (result.tokens[a:b][:max_length], result.loss_mask[a:b][:max_length])
-        for a, b in itertools.pairwise(bounds)
-    ]
+    kept, fitted = TextSFTCollator(spec, max_length=max_length).long_samples.fit(result)
+    empty = (np.zeros(0, result.tokens.dtype), np.zeros(0, result.loss_mask.dtype))
+    samples = dict(zip(kept, fitted, strict=True))
+    return [samples.get(index, empty) for index in range(len(rows))]
 
 
 def micro_batches(

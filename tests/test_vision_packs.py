@@ -3,6 +3,7 @@ media -> the training-time loader's batch, equal to the collate-time packed batc
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tightpack.prepare.vision_rows import MediaItem, VisionSpec
 from tightpack.prepare.vision_sizes import VisionSizes
 from tightpack.runtime import thd
 from tightpack.runtime.collate import PackedCollate
+from tightpack.runtime.dataset import PackedDataset
 from tightpack.runtime.hf import packed_forward
 from tightpack.runtime.mrope import QwenVLRope
 from tightpack.runtime.vision_packs import (
@@ -246,3 +248,56 @@ def test_processor_media_loader_runs_the_image_processor(corpus):
     assert torch.equal(visual["pixel_values"], expected["pixel_values"]) and visual[
         "image_grid_thw"
     ].tolist() == [[1, 8, 4]]
+
+
+def _supervised_targets(batch) -> list[tuple[int, ...]]:
+    """Each sequence's supervised targets in a THD batch (labels where the loss mask is set)."""
+    bounds = thd.physical_boundaries(batch).tolist()
+    labels, mask = batch["labels"].reshape(-1), batch["loss_mask"].reshape(-1)
+    return [tuple(labels[a:b][mask[a:b] > 0].tolist()) for a, b in itertools.pairwise(bounds)]
+
+
+@pytest.mark.parametrize("long_samples", ["truncate", "drop"])
+def test_long_samples_at_collate_time_equal_the_offline_packs(corpus, tmp_path, long_samples):
+    """Rows over ``max_length``: text-only ones are cut (or dropped) as ``tightpack pack
+    --max-seq-length`` cuts them, ones with media are left out as offline; the same supervised
+    targets and the manifest's counts."""
+    root, rows, spec = corpus
+    long_text = " ".join(f"word{i}" for i in range(60))
+    rows = rows + [
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": f"{long_text} {i}?"}]},
+                      {"role": "assistant", "content": f"Answer {i}."}]}
+        for i in range(3)
+    ] + [
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "media/picture1.png"},
+                                                   {"type": "text", "text": long_text}]},
+                      {"role": "assistant", "content": "A long look."}]}
+    ]  # fmt: skip
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    vision = vision_spec("qwen2_vl", root)
+    cap = 48
+    config = PackConfig(
+        packed_sequence_size=PACK_SIZE, max_seq_length=cap, long_samples=long_samples,
+        format=FormatConfig(vision=vision),
+    )  # fmt: skip
+    counts = pack_dataset(source, tmp_path / "packs", config, tokenizer=spec).counts
+    collate = PackedCollate(
+        pack_size=PACK_SIZE, eos_id=spec.eos_id, pad_seq_length_to_mult=1, pad_seq_to_mult=1
+    )
+    packs = PackedDataset(tmp_path / "packs")
+    theirs = [seq for i in range(len(packs)) for seq in _supervised_targets(collate([packs[i]]))]
+
+    ids = {name: spec.backend.token_to_id(token) for name, token in QWEN_VL_TOKENS.items()}
+    rope = QwenVLRope("qwen2_vl", ids["image"], ids["video"], tokens_per_second=2)
+    collator = VisionSFTCollator(
+        spec, vision, rope, media_loader("qwen2_vl", root), max_length=cap, long_samples=long_samples
+    )
+    ours = _supervised_targets(collator(rows))
+    assert sorted(ours) == sorted(theirs)
+    totals = collator.long_sample_counts
+    assert totals["dropped_long"] == counts["dropped_long"] > 0
+    assert totals["truncated"] == counts["truncated"] == (3 if long_samples == "truncate" else 0)
+    assert totals["fed"] == counts["packed"] and totals["supervised_lost"] == counts["supervised_lost"]
+    with pytest.raises(TightpackError, match="no sample of this batch of 1 has a supervised token"):
+        collator([rows[-1]])

@@ -20,7 +20,7 @@ from tightpack.core.parted_store import PartedStore, write_supervised
 from tightpack.core.token_store import TokenStore, TokenStoreWriter
 from tightpack.core.truncation import TruncationMethod, plan_truncation
 
-__all__ = ["REASONS_FILE", "LongSampleCut", "cut_long_samples", "gathered_cut"]
+__all__ = ["REASONS_FILE", "LongSampleCut", "cut_long_samples", "gathered_cut", "kept_positions"]
 
 REASONS_FILE = "reasons.bin"
 """uint8 ``[cut samples]`` in an overlay folder: the `tightpack.core.truncation.REASONS` code of each."""
@@ -53,6 +53,18 @@ class LongSampleCut:
         return cls(empty, empty, empty, np.zeros(0, np.uint8), None)
 
 
+def kept_positions(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Every position of the ranges ``[start, stop)``, range after range (int64 ``[sum of lengths]``).
+
+    >>> kept_positions(np.array([2, 10]), np.array([4, 13])).tolist()
+    [2, 3, 10, 11, 12]
+    """
+    lengths = np.asarray(stops, dtype=np.int64) - starts
+    positions = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
+    positions += np.arange(int(lengths.sum()))
+    return positions
+
+
 def cut_long_samples(
     store: TokenStore, samples: np.ndarray, limit: int, method: TruncationMethod, directory: str | Path
 ) -> LongSampleCut:
@@ -76,9 +88,7 @@ def cut_long_samples(
         base = ends[first - 1] if first else 0
         stop = max(first + 1, int(np.searchsorted(ends, base + _COPY_TOKENS, side="right")))
         ranges = slice(cut.range_offsets[first], cut.range_offsets[stop])
-        lengths = kept[ranges]
-        source = np.repeat(cut.starts[ranges] - (np.cumsum(lengths) - lengths), lengths)
-        source += np.arange(int(lengths.sum()))
+        source = kept_positions(cut.starts[ranges], cut.stops[ranges])
         writer.append(
             store.tokens[source], store.loss_mask[source], per_sample[first:stop], samples[first:stop]
         )

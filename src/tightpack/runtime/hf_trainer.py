@@ -17,6 +17,11 @@ SFT rows (packed at collate time) into what transformers causal LMs take for pac
 - ``use_cache=False`` (with a cache transformers attends across the packed sequences) and no
   ``attention_mask`` (a 2-D mask makes it ignore the sequence boundaries).
 
+Raw rows over ``max_length`` follow the offline path's long-sample rules (``long_samples``,
+`tightpack.runtime.collate_truncation`); the collator counts what it cut or left out
+(``long_sample_counts``) and `PackingCallback` adds the totals to the Trainer's logs
+(``tightpack/prompt_trimmed``, ...).
+
 `PackingCallback` checks the model when training starts: an attention implementation that would
 attend across sequences, a model family that cannot be packed, or a Qwen-VL model (which needs
 `tightpack.runtime.hf.packed_forward`'s positions), stops the run with the fix; then the first
@@ -39,10 +44,12 @@ from tightpack.logs import logger
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.runtime.collate import PackedCollate
+from tightpack.runtime.collate_truncation import LOGGED_COUNTS, LongSampleCounts
 from tightpack.runtime.dataset import PackedDataset
 from tightpack.runtime.equivalence import ProbeReport, ProbeSkipped, probe_enabled
 from tightpack.runtime.equivalence.hf import packed_row_bounds
 from tightpack.runtime.hf import check_packable, check_packing, hf_packed_kwargs
+from tightpack.runtime.online_config import LongSamples
 from tightpack.runtime.pack_rows import PackRowError
 from tightpack.runtime.sft_collate import LossMode, TextSFTCollator
 
@@ -115,7 +122,12 @@ class PackingCollator:
     Args:
         tokenizer: for raw rows: a `TokenizerSpec` or path (None: the built-in GPT-2). For offline
             packs, when given: the vocabulary their ids must lie in, and their EOS id.
-        format, loss_mode, max_length, pad_to_multiple_of: for raw rows, as `TextSFTCollator`.
+        format, loss_mode, max_length, long_samples, pad_to_multiple_of: for raw rows, as
+            `TextSFTCollator`: a row over ``max_length`` tokens (its EOS included) is cut as
+            ``tightpack pack --max-seq-length max_length-1`` cuts it (``long_samples="truncate"``),
+            left out (``"drop"``) or refused (``"error"``); a row with no supervised token left is
+            left out, and a micro-batch left with none raises `TightpackError`. Counts:
+            ``long_sample_counts`` (totals), ``last_batch_counts``.
         packs: the offline packs the features come from (a `PackedDataset` or its path): their
             manifest gives ``pack_size``, ``pad_seq_to_mult`` and ``eos_id`` (`PackedCollate.from_dataset`),
             and a value given here must agree with it.
@@ -136,6 +148,7 @@ class PackingCollator:
         format: FormatConfig | None = None,
         loss_mode: LossMode = "assistant",
         max_length: int | None = None,
+        long_samples: LongSamples = "truncate",
         pad_to_multiple_of: int = 1,
         packs: PackedDataset | str | os.PathLike | None = None,
         pack_size: int | None = None,
@@ -146,10 +159,11 @@ class PackingCollator:
     ) -> None:
         self.ignore_index = ignore_index
         self.rows = TextSFTCollator(
-            tokenizer, format=format, loss_mode=loss_mode, max_length=max_length,
+            tokenizer, format=format, loss_mode=loss_mode, max_length=max_length, long_samples=long_samples,
             enable_in_batch_packing=True, in_batch_packing_pad_to_multiple_of=pad_to_multiple_of,
             ignore_index=ignore_index,
         )  # fmt: skip
+        self.rows.long_samples.owner = "PackingCollator"
         given = None if tokenizer is None else self.rows.encoder.spec
         if packs is not None:
             self.packs = PackedCollate.from_dataset(
@@ -173,6 +187,18 @@ class PackingCollator:
                 "vocab_size": vocab_source,
             },
         )
+
+    @property
+    def long_sample_counts(self) -> LongSampleCounts:
+        """Running totals of what the raw rows collated so far lost to ``max_length`` and the
+        no-supervision rule (`tightpack.runtime.collate_truncation.COUNT_NAMES`); offline packs add
+        nothing (``tightpack pack``'s manifest counts theirs)."""
+        return self.rows.long_sample_counts
+
+    @property
+    def last_batch_counts(self) -> LongSampleCounts:
+        """The counts of the last micro-batch of raw rows."""
+        return self.rows.last_batch_counts
 
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
         if len(features) == 1 and isinstance(features[0], (list, tuple)):
@@ -214,17 +240,25 @@ class PackingCallback(TrainerCallback):
     first optimizer step: a failure stops the run, a pass logs one line. ``report`` holds the
     `ProbeReport` (None until the probe ran, or when it could not be built from the batch).
 
+    At every log it adds the collator's running totals of what raw rows lost to ``max_length`` and
+    the no-supervision rule (`PackingCollator.long_sample_counts`; `LOGGED_COUNTS`) to the logs and
+    to ``state.log_history``, as ``tightpack/prompt_trimmed``, ``tightpack/no_supervised``, ...
+    The totals are of the batches collated so far (the loader may have collated a few ahead); with
+    ``dataloader_num_workers > 0`` each worker process counts its own and none reach this process.
+
     Args:
         probe: run the probe (default True; the environment variable ``TIGHTPACK_PROBE=0`` turns it off
             too).
+        collator: whose counts to log; None: the training dataloader's collator, when it has counts.
 
     Raises:
         TightpackError: at the start of training, for what `check_packable` refuses.
         PackingLeakError: at the first forward, when the probe fails.
     """
 
-    def __init__(self, probe: bool = True) -> None:
+    def __init__(self, probe: bool = True, collator: Any = None) -> None:
         self.probe = probe
+        self.collator = collator
         self.report: ProbeReport | None = None
         self._hook: torch.utils.hooks.RemovableHandle | None = None
 
@@ -234,6 +268,15 @@ class PackingCallback(TrainerCallback):
         check_packable(model)
         if self.probe and probe_enabled() and self._hook is None:
             self._hook = model.register_forward_pre_hook(self._probe_first_batch, with_kwargs=True)
+
+    def on_log(self, args, state, control, logs=None, train_dataloader=None, **kwargs) -> None:
+        counts = _collator_counts(self.collator or getattr(train_dataloader, "collate_fn", None))
+        if logs is None or counts is None or not counts["samples"]:
+            return
+        added = {f"tightpack/{name}": counts[name] for name in LOGGED_COUNTS}
+        logs.update(added)
+        if state is not None and state.log_history:  # Trainer.log appended its copy before this call
+            state.log_history[-1].update(added)
 
     def _probe_first_batch(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         if packed_row_bounds(kwargs) is None:  # not packed (yet): wait for a packed row
@@ -248,3 +291,15 @@ class PackingCallback(TrainerCallback):
             )
         except ProbeSkipped as skipped:
             logger().warning("packing check skipped for %s: %s", type(model).__name__, skipped)
+
+
+def _collator_counts(collator: Any) -> LongSampleCounts | None:
+    """The running counts of a collator, or of the one a Trainer wrapper holds (``data_collator``)."""
+    for _ in range(4):
+        if collator is None:
+            return None
+        counts = getattr(collator, "long_sample_counts", None)
+        if isinstance(counts, LongSampleCounts):
+            return counts
+        collator = getattr(collator, "data_collator", None)
+    return None

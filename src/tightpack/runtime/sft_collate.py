@@ -6,6 +6,11 @@ appended), shifts them into labels, and returns either one packed ``[1, T]`` THD
 (``enable_in_batch_packing``; `tightpack.runtime.in_batch.build_thd_from_rows`) or a right-padded
 ``[B, S]`` batch.
 
+Rows over ``max_length`` follow the offline path's long-sample rules (``long_samples``, see
+`tightpack.runtime.collate_truncation`): the prompt is trimmed, the oldest rounds dropped, then the
+answer cut; a sample with no supervised token is left out, and the counts are in
+``long_sample_counts`` (running totals) and ``last_batch_counts``.
+
 Label shift: ``labels = ids[1:] + [ignore]``, ``mask = mask[1:] + [0]``, and labels whose mask is 0
 become ``ignore_index``. Packed batches carry ``tokens`` (the same tensor as ``input_ids``),
 ``token_count`` (real tokens per row) and a ``padding_mask`` when the alignment multiple is above 1.
@@ -14,7 +19,6 @@ become ``ignore_index``. Packed batches carry ``tokens`` (the same tensor as ``i
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -27,7 +31,9 @@ from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenize import Encoder
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.runtime import thd
+from tightpack.runtime.collate_truncation import LongSampleCounts, LongSampleRules
 from tightpack.runtime.in_batch import build_thd_from_rows
+from tightpack.runtime.online_config import LongSamples
 
 __all__ = ["TextSFTCollator", "check_in_batch_loader", "shift_labels"]
 
@@ -79,7 +85,13 @@ class TextSFTCollator:
         tokenizer: a `TokenizerSpec`, a tokenizer path, or None for the built-in GPT-2.
         format: how rows become text (default: auto-detected chat or prompt-completion).
         loss_mode: chat loss on ``assistant`` turns, the ``last_turn``, or ``full`` (every token).
-        max_length: truncates each row (stored tokens) before packing or padding.
+        max_length: tokens a sample may take in the batch (its EOS included, an input here): a longer
+            sample is cut or left out by ``long_samples``. ``max_length = L + 1`` keeps what
+            ``tightpack pack --max-seq-length L`` keeps (offline packs hold no final EOS as input).
+        long_samples: a sample over ``max_length``: ``truncate`` (default) cuts it as
+            ``tightpack pack`` does (``format.truncation_method`` and ``chat_truncation``), ``drop``
+            leaves it out, ``error`` raises. Samples left with no supervised token are left out;
+            a batch left with none raises `TightpackError`.
         enable_in_batch_packing: pack the micro-batch into one ``[1, T]`` row.
         in_batch_packing_pad_to_multiple_of: per-row alignment multiple when packing.
         pad_to_max_length, pad_to_multiple_of: the padded width when not packing.
@@ -93,6 +105,7 @@ class TextSFTCollator:
         format: FormatConfig | None = None,
         loss_mode: LossMode = "assistant",
         max_length: int | None = None,
+        long_samples: LongSamples = "truncate",
         enable_in_batch_packing: bool = False,
         in_batch_packing_pad_to_multiple_of: int = 1,
         pad_to_max_length: bool = False,
@@ -107,6 +120,9 @@ class TextSFTCollator:
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         config = dataclasses.replace(format or FormatConfig(), loss_on=_LOSS_ON[loss_mode])
         self.encoder = Encoder(spec, config)
+        self.long_samples = LongSampleRules(
+            max_length, long_samples, config.truncation_method, owner=type(self).__name__, stored_extra=0
+        )
         self.pad_token_id = spec.eos_id if pad_token_id is None else pad_token_id
         self.max_length = max_length
         self.enable_in_batch_packing = enable_in_batch_packing
@@ -116,22 +132,34 @@ class TextSFTCollator:
         self.ignore_index = ignore_index
 
     def encode(self, examples: Sequence[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(token ids, unshifted loss mask) of every example, EOS appended, truncated to ``max_length``."""
+        """(token ids, unshifted loss mask) of every example fed, EOS appended, fitted to ``max_length``.
+
+        Samples left out (too long under ``long_samples="drop"``, or without a supervised token) are
+        not in the list; ``last_batch_counts`` says how many and why.
+        """
         result = self.encoder.encode_rows(list(examples), source="batch")
         if result.bad_rows:
             bad = result.bad_rows[0]
             raise TightpackError(f"{bad.location}: {bad.reason}")
-        bounds = np.concatenate(([0], np.cumsum(result.lengths)))
-        samples = [(result.tokens[a:b], result.loss_mask[a:b]) for a, b in itertools.pairwise(bounds)]
-        if self.max_length is not None:
-            samples = [(ids[: self.max_length], mask[: self.max_length]) for ids, mask in samples]
-        return samples
+        return self.long_samples.fit(result)[1]
+
+    @property
+    def long_sample_counts(self) -> LongSampleCounts:
+        """Running totals of the batches collated so far (in this process: with DataLoader workers,
+        each worker holds its own)."""
+        return self.long_samples.totals
+
+    @property
+    def last_batch_counts(self) -> LongSampleCounts:
+        """The counts of the last batch collated."""
+        return self.long_samples.last
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, Any]:
         return self.collate_tokenized(self.encode(examples))
 
     def collate_tokenized(self, samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
-        """The batch of already tokenized samples: ``(ids, unshifted mask)`` each."""
+        """The batch of already tokenized samples: ``(ids, unshifted mask)`` each, taken as they are
+        (``max_length`` and ``long_samples`` apply to rows, in `encode`)."""
         rows = []
         for ids, mask in samples:
             labels, loss_mask = shift_labels(ids, mask, self.ignore_index)

@@ -13,7 +13,6 @@ settings changed since: the tokens no longer fit the pixels, and the pack must b
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,10 @@ from tightpack.prepare.tokenize import Encoder
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_rows import MediaItem, VisionSpec, parse_media_json
 from tightpack.runtime.collate import PackedCollate
+from tightpack.runtime.collate_truncation import LongSampleCounts, LongSampleRules
 from tightpack.runtime.dataset import PackedDataset
 from tightpack.runtime.mrope import QwenVLRope
+from tightpack.runtime.online_config import LongSamples
 from tightpack.runtime.sft_collate import shift_labels
 from tightpack.runtime.vlm import add_vision, pack_vlm_samples
 
@@ -193,6 +194,12 @@ class VisionSFTCollator:
     Rows become tokens as ``tightpack pack`` makes them (same formatter, tokenizer and vision
     expansion); each sequence is its stored tokens without the final one, labels shifted by one, as
     the offline packs hold it, so both paths give the same batch for the same samples.
+
+    ``max_length`` and ``long_samples`` are those of ``tightpack pack --max-seq-length
+    --long-samples`` (`tightpack.runtime.collate_truncation`): a text-only sample over ``max_length``
+    tokens is cut as offline, one with images or videos is left out (a cut could split an image's
+    tokens), and a sample with no supervised token is left out; ``long_sample_counts`` and
+    ``last_batch_counts`` say what was, and a batch left with no sample raises `TightpackError`.
     """
 
     def __init__(
@@ -203,31 +210,45 @@ class VisionSFTCollator:
         load: MediaLoader,
         *,
         format: FormatConfig | None = None,
+        max_length: int | None = None,
+        long_samples: LongSamples = "truncate",
         pad_to_multiple_of: int = 1,
         ignore_index: int = -100,
     ) -> None:
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         config = format or FormatConfig()
         self.encoder = Encoder(spec, dataclasses.replace(config, vision=vision))
+        self.long_samples = LongSampleRules(
+            max_length, long_samples, config.truncation_method, owner=type(self).__name__, stored_extra=1
+        )
         self.rope, self.load = rope, load
         self.pad_to_multiple_of, self.ignore_index = pad_to_multiple_of, ignore_index
+
+    @property
+    def long_sample_counts(self) -> LongSampleCounts:
+        """Running totals of the batches collated so far (`PackingCollator.long_sample_counts`)."""
+        return self.long_samples.totals
+
+    @property
+    def last_batch_counts(self) -> LongSampleCounts:
+        """The counts of the last batch collated."""
+        return self.long_samples.last
 
     def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
         result = self.encoder.encode_rows(list(rows), source="batch")
         if result.bad_rows:
             bad = result.bad_rows[0]
             raise TightpackError(f"{bad.location}: {bad.reason}")
-        bounds = np.concatenate(([0], np.cumsum(result.lengths)))
+        kept, fitted = self.long_samples.fit(result)
         samples = []
-        for (start, stop), media in zip(itertools.pairwise(bounds), result.media, strict=True):
-            ids, mask = result.tokens[start:stop], result.loss_mask[start:stop]
+        for index, (ids, mask) in zip(kept, fitted, strict=True):
             labels, loss_mask = shift_labels(ids, mask, self.ignore_index)
             sample = {
                 "input_ids": torch.as_tensor(ids[:-1].astype(np.int64)),
                 "labels": torch.from_numpy(labels[:-1]),
                 "loss_mask": torch.from_numpy(loss_mask[:-1]),
             }
-            samples.append(sample | load_visuals(media, self.load))
+            samples.append(sample | load_visuals(result.media[index], self.load))
         return pack_vlm_samples(
             samples,
             self.rope,
