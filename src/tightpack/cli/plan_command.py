@@ -60,6 +60,7 @@ def plan(
     truncate_field: options.TruncateField = None,
     truncation_method: options.TruncationMethodOption = TruncationMethod.right,
     chat_truncation: options.ChatTruncationOption = OLDEST_TURNS,
+    template_var: options.TemplateVars = None,
     workers: Annotated[int, typer.Option(help="Tokenization processes.")] = 1,
     seed: options.Seed = 0,
     reuse: options.Reuse = True,
@@ -103,6 +104,7 @@ def plan(
             truncate_field=truncate_field,
             truncation_method=truncation_method,
             chat_truncation=chat_truncation,
+            template_vars=template_var,
         ),
     )
     comparison = compare_pack_sizes(

@@ -189,7 +189,8 @@ def _assemble(
         body = offsets_body(rendered, encoded)
     ids, lengths, mask, segment_starts = body
     eos_supervised = np.array([sample.eos_supervised for _, sample in rendered], dtype=bool)
-    tokens, loss_mask, stored = append_eos(ids, mask, lengths, spec.eos_id, eos_supervised)
+    append = np.array([sample.append_eos for _, sample in rendered], dtype=bool)
+    tokens, loss_mask, stored = append_eos(ids, mask, lengths, spec.eos_id, eos_supervised, append)
     source_index = np.array([chunk.first_sample + offset for offset, _ in rendered], dtype=np.int64)
     segments = Segments(
         counts=np.array([len(sample.segments) for _, sample in rendered], dtype=np.int64),
