@@ -160,14 +160,14 @@ SYSTEM = "You are a friendly assistant. Answer in one or two sentences."
 
 
 def conversations(count: int = 50, seed_offset: int = 0) -> list[dict]:
-    """``count`` rows of real chitchat conversations (2 to 8 rounds each, the first ``count`` long
+    """``count`` rows of real chitchat conversations (2 to 20 rounds each, the first ``count`` long
     enough), each with a system message and a reasoning per assistant turn."""
     location = importlib.util.find_spec("chitchat_dataset").submodule_search_locations[0]
     data = json.loads((Path(location) / "dataset.json").read_text(encoding="utf-8"))
     rows = []
     for conversation in list(data.values())[seed_offset:]:
         texts = [" ".join(message["text"] for message in turn) for turn in conversation["messages"]]
-        texts = [text.strip() for text in texts if text.strip()][:16]
+        texts = [text.strip() for text in texts if text.strip()][:40]
         if len(texts) < 4:
             continue
         messages = [{"role": "system", "content": SYSTEM}]

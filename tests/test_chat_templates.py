@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -252,3 +253,154 @@ def test_no_supervision_after_the_end_marker(name, folders, rows, tmp_path):
     source = write_jsonl(tmp_path / "rows.jsonl", rows)
     pack(source, tmp_path / "out", folders[name], "assistant", size=4096)
     no_supervision_after_end_marker(tmp_path / "out", folders[name], END_MARKERS[name])
+
+
+# Gemma merges the system prompt into the first user turn, so its rounds are not dropped: its long rows
+# are made to fit by trimming user text and earlier answers, many short segments sharing the cut. That
+# the share of a segment shorter than it passes to the others (and not to the last answer) is the
+# truncation fix of core/truncation.py made alongside (issue 26); with it this case passes.
+_NEEDS_SHARE_FIX = pytest.mark.xfail(
+    reason="needs keep_ranges to pass a short segment's share on (core/truncation.py, issue 26)", strict=False
+)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=_NEEDS_SHARE_FIX) if n == "gemma" else n for n in TEMPLATES]
+)
+def test_oldest_turns_keeps_the_last_turn_for_every_template(name, folders, rows, tmp_path, caplog):
+    """50 multi-turn rows with a system message through ``tightpack pack`` at 8192 (nothing cut) and at
+    1024 (oldest-turns): no row refused, none dropped for lack of supervision, and every cut sample
+    ends with its last assistant turn whole."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folders[name])
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    for size in (8192, 1024):
+        caplog.clear()
+        out = tmp_path / f"out-{size}"
+        run = run_main(
+            [
+                "pack",
+                source,
+                "-o",
+                out,
+                "--pack-size",
+                size,
+                "--tokenizer",
+                folders[name],
+                "--format",
+                "chat",
+                "--workers",
+                1,
+                "--no-reuse",
+            ]
+        )
+        assert run.returncode == 0, run.stderr
+        manifest = json.loads((out / MANIFEST_NAME).read_text())
+        assert manifest["excluded"]["no_supervised"] == [], manifest["excluded"]
+        notes = [r.message for r in caplog.records if "differently without its oldest round" in r.message]
+        assert len(notes) == (name == "gemma"), "the reason no round is dropped is given, once a run"
+        sequences = read_sequences(out)
+        assert sorted(sequences) == list(range(len(rows)))
+        for index, row in enumerate(rows):
+            text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+            ids, mask = expected_mask(tokenizer, text, expected_turns(name, row["messages"], "last-turn"))
+            last = int(np.flatnonzero(mask)[0])  # the last turn's first supervised token
+            got = sequences[index]["tokens"].tolist()
+            assert got[-(len(ids) - last) :] == ids[last:], (
+                f"{name} at {size}: row {index} keeps its last turn"
+            )
+            assert len(got) <= size + 1
+
+
+def weighted(rows: list[dict], weights: list[int]) -> list[dict]:
+    """The rows with ``weight`` set on their assistant turns, in order (cycled)."""
+    result = []
+    for row in rows:
+        assistant = [m for m in row["messages"] if m["role"] == "assistant"]
+        lookup = {id(m): weights[i % len(weights)] for i, m in enumerate(assistant)}
+        result.append(
+            {"messages": [{**m, "weight": lookup[id(m)]} if id(m) in lookup else m for m in row["messages"]]}
+        )
+    return result
+
+
+@pytest.mark.parametrize("template", ["llama3", None], ids=["llama3", "builtin"])
+def test_message_weight_zero_is_not_supervised(template, folders, rows, tmp_path):
+    """OpenAI's fine-tuning format: ``weight`` 0 on an assistant turn takes it out of the loss."""
+    from transformers import AutoTokenizer
+
+    data = weighted(rows[:20], [0, 1])  # the first, third, ... assistant turn of each row weigh 0
+    source = write_jsonl(tmp_path / "rows.jsonl", data)
+    if template is None:
+        config = PackConfig(
+            packed_sequence_size=8192, workers=1, reuse_store=False, format=FormatConfig(format="chat")
+        )
+        pack_dataset([source], tmp_path / "out", config)
+        plain = write_jsonl(tmp_path / "plain.jsonl", rows[:20])
+        pack_dataset([plain], tmp_path / "plain", config)
+        got, whole = read_sequences(tmp_path / "out"), read_sequences(tmp_path / "plain")
+        for index in range(20):
+            assert 0 < got[index]["mask"].sum() < whole[index]["mask"].sum()
+        return
+    tokenizer = AutoTokenizer.from_pretrained(folders["llama3"])
+    sequences = pack(source, tmp_path / "out", folders["llama3"], "assistant")
+    for index, row in enumerate(data):
+        text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        _, mask = expected_mask(tokenizer, text, expected_turns("llama3", row["messages"], "assistant"))
+        np.testing.assert_array_equal(unshifted(sequences[index]), mask)
+
+
+def test_weight_zero_on_the_last_turn_with_last_turn_leaves_no_supervision(folders, rows, tmp_path):
+    data = weighted(rows[:4], [1, 0])
+    data = [r for r in data if [m for m in r["messages"] if m["role"] == "assistant"][-1]["weight"] == 0]
+    assert data
+    source = write_jsonl(tmp_path / "rows.jsonl", [*data, rows[5]])
+    config = PackConfig(
+        packed_sequence_size=8192,
+        workers=1,
+        reuse_store=False,
+        format=FormatConfig(format="chat", loss_on="last-turn"),
+    )
+    pack_dataset([source], tmp_path / "out", config, tokenizer=folders["llama3"])
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert manifest["excluded"]["no_supervised"] == list(range(len(data)))
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ({"role": "assistant", "content": "a", "weight": 0.5}, r"'weight' must be 0 \(not supervised\) or 1"),
+        ({"role": "assistant", "content": "a", "weight": "1"}, r"'weight' must be 0 .* got '1'"),
+        ({"role": "user", "content": "a", "weight": 1}, r"message 0 \(user\) has a 'weight'; only assistant"),
+    ],
+)
+def test_bad_weights_are_bad_rows(message, reason, tmp_path):
+    rows = [{"messages": [message, {"role": "assistant", "content": "b"}]}]
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    run = run_main(["pack", source, "-o", tmp_path / "out", "--pack-size", 256, "--format", "chat"])
+    assert run.returncode != 0
+    assert re.search(reason, run.stderr), run.stderr
+
+
+def test_unknown_message_keys_are_reported_once_per_run(rows, tmp_path, caplog):
+    data = [{"messages": [{**m, "lang": "en", "mood": "ok"} for m in row["messages"]]} for row in rows[:30]]
+    source = write_jsonl(tmp_path / "rows.jsonl", data)
+    for run_number in range(2):
+        caplog.clear()
+        run = run_main(
+            [
+                "pack",
+                source,
+                "-o",
+                tmp_path / f"out{run_number}",
+                "--pack-size",
+                4096,
+                "--workers",
+                1,
+                "--no-reuse",
+            ]
+        )
+        assert run.returncode == 0, run.stderr
+        notes = [r.message for r in caplog.records if "is not one tightpack knows" in r.message]
+        assert [note.split("'")[1] for note in notes] == ["lang", "mood"], (run_number, run.stderr)

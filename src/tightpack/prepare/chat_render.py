@@ -42,6 +42,11 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 _WARNED: set[str] = set()  # what this process has reported: once per run, not once per row
 
 
+def reset_warnings() -> None:
+    """Forget what was reported: a new run reports again (called where tokenization starts)."""
+    _WARNED.clear()
+
+
 def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
@@ -250,15 +255,16 @@ def _template_segments(text, messages, units, located, render):
             turn = located[number]
             if turn.start < cursor:
                 continue
-            segments += [(turn.start, ANSWER, unit), (turn.end, KEEP, unit), (turn.close, KEEP, following)]
+            (a, b), tail = turn.content, (turn.end, KEEP, unit)  # the content alone may be trimmed
+            segments += [(turn.start, ANSWER, unit), (a, ANSWER, unit), (b, ANSWER, unit), tail]
+            segments.append((turn.close, KEEP, following))
             cursor = turn.close
             continue
         content = message["content"].strip()
-        found = text.find(content, cursor) if content else -1
-        if found < 0:
+        found = text.find(content, cursor) if content and number >= leading else -1
+        if found < 0:  # the system text is kept: where the template puts it, it is not searched for
             continue
-        kind = _content_kind(message["role"]) if number >= leading else KEEP
-        segments += [(found, kind, unit), (found + len(content), KEEP, unit)]
+        segments += [(found, _content_kind(message["role"]), unit), (found + len(content), KEEP, unit)]
         cursor = found + len(content)
     segments.append((len(text), KEEP, -1))
     if any(b[0] < a[0] for a, b in itertools.pairwise(segments)):
@@ -273,8 +279,10 @@ def _template_segments(text, messages, units, located, render):
     shorter = render([m for m, unit in zip(messages, units, strict=True) if unit != 0])[0]
     if text[:begin] + text[stop:] == shorter:
         return segments, None
-    last = max(units)  # earlier answers may then be trimmed like user text, the last one is cut last
-    kept = [(p, k | (PROMPT if k & ANSWER and 0 <= u < last else 0), -1) for p, k, u in segments]
+    # Earlier answers' contents may then be trimmed like user text (their end markers stay), the last
+    # answer is cut last.
+    contents = {located[t].content[0] for t in located if 0 <= units[t] < max(units)}
+    kept = [(p, k | (PROMPT if k & ANSWER and p in contents else 0), -1) for p, k, _ in segments]
     return kept, _ROUNDS_KEPT
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from tightpack.core.long_samples import LongSampleCut
 from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter, append_eos
 from tightpack.errors import TightpackError
+from tightpack.prepare.chat_render import reset_warnings
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row
 from tightpack.prepare.pretokenized import pretokenized_arrays
 from tightpack.prepare.sources import Chunk
@@ -274,6 +275,7 @@ def tokenize_to_store(
     if workers < 1:
         raise TightpackError(f"--workers must be at least 1, got {workers}")
     spec.byte_level  # noqa: B018 - computed here once, inherited by forked workers
+    reset_warnings()  # each run reports an unknown message key once (once per worker process)
     writer = TokenStoreWriter(store_dir)
     rows_read, bad_rows, texts_cut = 0, [], 0
 
