@@ -267,7 +267,8 @@ _NEEDS_SHARE_FIX = pytest.mark.xfail(
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=_NEEDS_SHARE_FIX) if n == "gemma" else n for n in TEMPLATES]
 )
-def test_oldest_turns_keeps_the_last_turn_for_every_template(name, folders, rows, tmp_path, caplog):
+@pytest.mark.parametrize("loss_on", ["assistant", "last-turn"])
+def test_oldest_turns_keeps_the_last_turn_for_every_template(name, loss_on, folders, rows, tmp_path, caplog):
     """50 multi-turn rows with a system message through ``tightpack pack`` at 8192 (nothing cut) and at
     1024 (oldest-turns): no row refused, none dropped for lack of supervision, and every cut sample
     ends with its last assistant turn whole."""
@@ -290,6 +291,8 @@ def test_oldest_turns_keeps_the_last_turn_for_every_template(name, folders, rows
                 folders[name],
                 "--format",
                 "chat",
+                "--loss-on",
+                loss_on,
                 "--workers",
                 1,
                 "--no-reuse",
