@@ -10,10 +10,12 @@ Built-in chat template (used when the tokenizer has none, e.g. the built-in GPT-
 where a message's text is its content, then one ``<|tool_call|>{"name": ..., "arguments": {...}}``
 line per tool call, and for a tool turn with a known tool name a first ``<|tool_result|>{"name": ...}``
 line (`chat_content.builtin_message_text`). An assistant turn's loss span is its text (its calls
-included) and the newline that closes it, so the model learns where a turn ends. With a tokenizer's
-template, the span of assistant turn ``i`` is the text between rendering ``messages[:i]`` with the
-generation prompt and rendering ``messages[:i+1]`` (it includes the end-of-turn marker), or the
-template's own ``{% generation %}`` blocks when it has them.
+included) and the newline that closes it, so the model learns where a turn ends, and the appended EOS.
+With a tokenizer's template, each assistant turn is located in the rendering of the whole conversation
+(`tightpack.prepare.template_turns`, also for templates that rewrite earlier turns); its span runs from
+the end of the generation prompt to the template's end marker (whitespace after it excluded), or is
+the template's own ``{% generation %}`` blocks that lie in it. No EOS follows a template's end marker.
+Turns of ``weight`` 0 carry no loss.
 """
 
 from __future__ import annotations
