@@ -407,3 +407,36 @@ def test_unknown_message_keys_are_reported_once_per_run(rows, tmp_path, caplog):
         assert run.returncode == 0, run.stderr
         notes = [r.message for r in caplog.records if "is not one tightpack knows" in r.message]
         assert [note.split("'")[1] for note in notes] == ["lang", "mood"], (run_number, run.stderr)
+
+
+def test_template_vars_in_the_python_api():
+    config = FormatConfig(format="chat", template_vars={"persona": "a pirate", "enable_thinking": False})
+    assert config.template_vars == (("enable_thinking", False), ("persona", "a pirate"))
+    assert config == FormatConfig(
+        format="chat", template_vars=[("persona", "a pirate"), ("enable_thinking", False)]
+    )
+    assert hash(FormatConfig(template_vars={"tags": ["a", "b"]})) == hash(FormatConfig())
+    from tightpack.errors import TightpackError
+
+    for given, message in [
+        ({"messages": []}, r"template variable 'messages' cannot be set"),
+        ({"add_generation_prompt": True}, r"'add_generation_prompt' cannot be set"),
+        ({"bad name": 1}, r"a name must be an identifier"),
+        ({"when": object()}, r"'when' must be a JSON value"),
+        ([("a", 1), ("a", 2)], r"name one variable twice"),
+    ]:
+        with pytest.raises(TightpackError, match=message):
+            FormatConfig(template_vars=given)
+
+
+def test_template_vars_need_a_chat_template(rows, tmp_path):
+    source = write_jsonl(tmp_path / "rows.jsonl", rows[:2])
+    run = run_main(
+        ["pack", source, "-o", tmp_path / "o", "--pack-size", 4096, "--template-var", "enable_thinking=false"]
+    )
+    assert run.returncode != 0
+    assert run.returncode == 2
+    assert (
+        "template variables are set (--template-var) but tokenizer 'gpt2 (built-in)' has no chat template"
+        in run.stderr
+    )

@@ -276,6 +276,11 @@ def tokenize_to_store(
         raise TightpackError(f"--workers must be at least 1, got {workers}")
     spec.byte_level  # noqa: B018 - computed here once, inherited by forked workers
     reset_warnings()  # each run reports an unknown message key once (once per worker process)
+    if config.template_vars and spec.chat_template is None and config.format in ("chat", "auto"):
+        raise TightpackError(
+            f"template variables are set (--template-var) but tokenizer {spec.name!r} has no chat template: "
+            "the built-in template takes none; drop them or use a tokenizer with a chat template"
+        )
     writer = TokenStoreWriter(store_dir)
     rows_read, bad_rows, texts_cut = 0, [], 0
 
