@@ -440,3 +440,52 @@ def test_template_vars_need_a_chat_template(rows, tmp_path):
         "template variables are set (--template-var) but tokenizer 'gpt2 (built-in)' has no chat template"
         in run.stderr
     )
+
+
+def test_a_model_trained_on_the_packs_learns_no_second_end_marker(folders, rows, tmp_path):
+    """A tiny Llama trained briefly on the ChatML packs (the last 64 tokens of every sample, where turns
+    end) against the same model trained on the packs as they were before, where the template's newline
+    after ``<|im_end|>`` and an appended EOS were supervised too: only the second learns to write an EOS
+    after ``<|im_end|>\\n``."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from .hf_training import tiny_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(folders["chatml-one-block"])
+    end, eos = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    sequences = pack(source, tmp_path / "out", folders["chatml-one-block"], "assistant", size=4096)
+    ours, before = [], []
+    for sequence in sequences.values():
+        tokens, mask = sequence["tokens"], unshifted(sequence)
+        assert tokens[-2] == end and mask[-2] == 1 and mask[-1] == 0, "the sample ends <|im_end|>\\n"
+        ours.append((tokens, mask))
+        # The former rule: the newline after the end marker and an appended EOS supervised.
+        before.append((np.r_[tokens, eos], np.r_[mask[:-1], 1, 1]))
+
+    window = 64
+
+    def train(samples):
+        ids = torch.tensor(np.stack([t[-window:] for t, _ in samples]), dtype=torch.long)
+        mask = torch.tensor(np.stack([m[-window:] for _, m in samples]), dtype=torch.bool)
+        labels = torch.where(mask, ids, -100)
+        model = tiny_llama(len(tokenizer), seed=0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(40):
+            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return model
+
+    probe = torch.tensor(np.stack([tokens[-window:] for tokens, _ in ours[:10]]), dtype=torch.long)
+
+    def eos_after_end_marker(model) -> float:
+        with torch.no_grad():
+            logits = model(input_ids=probe, use_cache=False).logits[:, -1]
+        return float(torch.softmax(logits, -1)[:, eos].mean())
+
+    p_ours, p_before = eos_after_end_marker(train(ours)), eos_after_end_marker(train(before))
+    assert p_before > 0.5, f"the former labels teach an EOS after <|im_end|>\\n ({p_before:.3f})"
+    assert p_ours < 0.05, f"tightpack's packs do not ({p_ours:.3f})"
