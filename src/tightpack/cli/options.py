@@ -70,6 +70,7 @@ TemplateVars = Annotated[
     list[str] | None,
     typer.Option(
         "--template-var",
+        metavar="NAME=VALUE",
         help="Chat template variable NAME=VALUE (repeatable), e.g. enable_thinking=false; VALUE is read "
         "as JSON when it parses as JSON (false, 3, [1]), else as a string.",
     ),
