@@ -312,22 +312,23 @@ class TestJinjaChatTemplate:
             "<|im_start|>assistant\nSee you.<|im_end|>\n"
         )
         # system turn 12 + 6 + 1 + 9 + 10 + 1 = 39, user turn 12 + 4 + 1 + 2 + 10 + 1 = 30 -> 69;
-        # the assistant header "<|im_start|>assistant\n" is 22 -> 91; "Hello!<|im_end|>\n" is 17 -> 108.
-        assert rendered.spans[0] == (91, 108)
-        assert covered(rendered) == ["Hello!<|im_end|>\n", "See you.<|im_end|>\n"]
+        # the assistant header "<|im_start|>assistant\n" is 22 -> 91; "Hello!<|im_end|>" is 16 -> 107
+        # (the newline after the end marker is the template's, not the model's).
+        assert rendered.spans[0] == (91, 107)
+        assert covered(rendered) == ["Hello!<|im_end|>", "See you.<|im_end|>"]
         assert rendered.add_special_tokens is False, "templates write their own special tokens"
-        assert rendered.eos_supervised is True
+        assert rendered.append_eos is False, "<|im_end|> ends the sample: no second end marker"
 
     def test_last_turn_and_all(self):
         last = render_row({"messages": CONVERSATION}, chat(loss_on="last-turn"), CHATML, {})
-        assert covered(last) == ["See you.<|im_end|>\n"]
+        assert covered(last) == ["See you.<|im_end|>"]
         everything = render_row({"messages": CONVERSATION}, chat(loss_on="all"), CHATML, {})
         assert everything.spans == ((0, len(everything.text)),)
 
     def test_first_message_from_the_assistant(self):
         rendered = render_row({"messages": [{"role": "assistant", "content": "Hi"}]}, chat(), CHATML, {})
         assert rendered.text == "<|im_start|>assistant\nHi<|im_end|>\n"
-        assert rendered.spans == ((22, 35),)  # "Hi<|im_end|>\n" is 2 + 10 + 1 characters
+        assert rendered.spans == ((22, 34),)  # "Hi<|im_end|>" is 2 + 10 characters
 
     def test_conversation_without_assistant_turn(self):
         rendered = render_row({"messages": CONVERSATION[:2]}, chat(), CHATML, {})
@@ -343,16 +344,17 @@ class TestJinjaChatTemplate:
         row = {"messages": CONVERSATION[1:3], "tools": [{"name": "f"}]}
         rendered = render_row(row, chat(), template, {"bos_token": "<s>", "eos_token": "</s>"})
         assert rendered.text == '<s>TOOLS [{"name": "f"}]\nuser: Hi</s>\nassistant: Hello!</s>\n'
-        assert covered(rendered) == ["Hello!</s>\n"]
+        assert covered(rendered) == ["Hello!</s>"]
 
     def test_template_without_generation_prompt_supervises_the_header(self):
         # Without add_generation_prompt support the assistant header is part of the turn's span:
-        # the span is the difference between rendering messages[:i] and messages[:i+1].
+        # the span starts where rendering messages[:i] ends. It writes no end marker: the EOS is.
         template = (
             "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
         )
         rendered = render_row({"messages": CONVERSATION[1:3]}, chat(), template, {})
-        assert covered(rendered) == ["assistant: Hello!\n"]
+        assert covered(rendered) == ["assistant: Hello!"]
+        assert (rendered.append_eos, rendered.eos_supervised) == (True, True)
 
     def test_generation_blocks(self):
         rendered = render_row({"messages": CONVERSATION}, chat(), CHATML_GENERATION, {})
@@ -380,24 +382,33 @@ class TestJinjaChatTemplate:
         assert (rendered.spans, rendered.eos_supervised) == ((), False)
 
     @pytest.mark.parametrize(
-        "template",
+        ("template", "expected"),
         [
             # Renders only the last two messages: earlier turns vanish as the conversation grows.
-            "{% for message in messages[-2:] %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
-            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}",
+            (
+                "{% for message in messages[-2:] %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
+                "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}",
+                ["See you."],
+            ),
             # A header that depends on the number of messages rewrites the start of the text.
-            "{{ messages | length }} messages\n" + CHATML,
+            ("{{ messages | length }} messages\n" + CHATML, ["Hello!<|im_end|>", "See you.<|im_end|>"]),
             # Marks the final message: the marker moves as turns are added.
-            "{% for message in messages %}{% if loop.last %}[final] {% endif %}"
-            "{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}assistant: {% endif %}",
+            (
+                "{% for message in messages %}{% if loop.last %}[final] {% endif %}"
+                "{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant: {% endif %}",
+                ["Hello!", "See you."],
+            ),
         ],
         ids=["last-two", "length-header", "final-marker"],
     )
-    def test_template_that_is_not_prefix_stable(self, template):
-        for loss_on in ("assistant", "last-turn"):
-            with pytest.raises(RowError, match=r"does not render conversations prefix by prefix"):
-                render_row({"messages": CONVERSATION}, chat(loss_on=loss_on), template, {})
+    def test_template_that_is_not_prefix_stable(self, template, expected):
+        # Turns are located in the whole rendering (tightpack.prepare.template_turns): a turn the
+        # template does not write ("last-two" drops "Hello!") is not supervised.
+        rendered = render_row({"messages": CONVERSATION}, chat(), template, {})
+        assert covered(rendered) == expected
+        last = render_row({"messages": CONVERSATION}, chat(loss_on="last-turn"), template, {})
+        assert covered(last) == expected[-1:]
 
     def test_loss_on_all_accepts_a_template_that_is_not_prefix_stable(self):
         template = "{{ messages | length }} messages\n" + CHATML
@@ -415,4 +426,4 @@ class TestJinjaChatTemplate:
         ):
             render_row({"messages": CONVERSATION}, chat(), template, {})
         rendered = render_row({"messages": CONVERSATION[1:3]}, chat(), template, {})
-        assert covered(rendered) == ["Hello!<|im_end|>\n"]
+        assert covered(rendered) == ["Hello!<|im_end|>"]

@@ -13,6 +13,7 @@ the fields, and every flag with the options of ``tightpack pack``.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -71,6 +72,12 @@ def _balance_costs(value: Any) -> list[str]:
     return ["--balance-costs", named[0] if named else "COST_MODEL.json"]
 
 
+def _template_vars(value: Any) -> list[str]:
+    """Recorded ``(name, value)`` pairs: one ``--template-var NAME=VALUE`` each, the value as JSON."""
+    pairs = value.items() if isinstance(value, Mapping) else value
+    return [w for name, item in pairs for w in ("--template-var", _quote(f"{name}={json.dumps(item)}"))]
+
+
 def _vision(value: Any) -> list[str]:
     """The manifest records the processor's sizes, not its folder: the folder is a placeholder."""
     sizes = value.get("sizes", {}) if isinstance(value, Mapping) else {}
@@ -109,6 +116,7 @@ SETTING_FLAGS: dict[str, SettingFlag] = {
     "format.truncation_method": SettingFlag("--truncation-method"),
     "format.chat_truncation": SettingFlag("--chat-truncation"),
     "format.vision": SettingFlag("--vision-processor", render=_vision),
+    "format.template_vars": SettingFlag("--template-var", render=_template_vars),
 }
 """Every setting of `PackConfig.settings` by dotted path (``format.loss_on``), and its flag."""
 

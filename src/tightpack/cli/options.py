@@ -7,8 +7,9 @@ and check them once; `format_config` turns the sample options into a `FormatConf
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -69,6 +70,15 @@ ChatTruncationOption = Annotated[
         "round (oldest-turns), or cut the end (end)."
     ),
 ]
+TemplateVars = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--template-var",
+        metavar="NAME=VALUE",
+        help="Chat template variable NAME=VALUE (repeatable), e.g. enable_thinking=false; VALUE is read "
+        "as JSON when it parses as JSON (false, 3, [1]), else as a string.",
+    ),
+]
 Seed = Annotated[int, typer.Option(help="Seed of first_fit_shuffle.")]
 Reuse = Annotated[
     bool,
@@ -116,6 +126,7 @@ def format_config(
     truncation_method: TruncationMethod,
     chat_truncation: ChatTruncation,
     vision: VisionSpec | None = None,
+    template_vars: list[str] | None = None,
 ) -> formats.FormatConfig:
     """The `FormatConfig` of the sample options."""
     return formats.FormatConfig(
@@ -130,7 +141,31 @@ def format_config(
         truncation_method=truncation_method.value,
         chat_truncation=chat_truncation.value,
         vision=vision,
+        template_vars=template_variables(template_vars or []),
     )
+
+
+def template_variables(options: list[str]) -> tuple[tuple[str, Any], ...]:
+    """``--template-var NAME=VALUE`` options -> (name, value) pairs; a value that parses as JSON is
+    that JSON value, any other is the string as given.
+
+    >>> template_variables(["enable_thinking=false", "persona=a pirate", "n=3"])
+    (('enable_thinking', False), ('persona', 'a pirate'), ('n', 3))
+    """
+    pairs = []
+    for option in options:
+        name, equals, value = option.partition("=")
+        if not equals or not name.strip():
+            raise TightpackError(f"--template-var {option!r} must be NAME=VALUE, e.g. enable_thinking=false")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        pairs.append((name.strip(), parsed))
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise TightpackError(f"--template-var names a variable twice: {', '.join(names)}")
+    return tuple(pairs)
 
 
 def _fields(option: str | None) -> tuple[str, ...] | None:

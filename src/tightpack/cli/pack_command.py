@@ -88,6 +88,7 @@ def pack(
     truncate_field: options.TruncateField = None,
     truncation_method: options.TruncationMethodOption = TruncationMethod.right,
     chat_truncation: options.ChatTruncationOption = OLDEST_TURNS,
+    template_var: options.TemplateVars = None,
     pad_to_max_length: Annotated[
         bool, typer.Option("--pad-to-max-length", help="Record: collate every pack to the full pack size.")
     ] = False,
@@ -175,6 +176,7 @@ def pack(
             truncate_field=truncate_field,
             truncation_method=truncation_method,
             chat_truncation=chat_truncation,
+            template_vars=template_var,
             vision=options.vision_spec(vision_processor, vision, media_root, inputs),
         ),
     )

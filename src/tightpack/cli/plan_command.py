@@ -62,6 +62,7 @@ def plan(
     truncate_field: options.TruncateField = None,
     truncation_method: options.TruncationMethodOption = TruncationMethod.right,
     chat_truncation: options.ChatTruncationOption = OLDEST_TURNS,
+    template_var: options.TemplateVars = None,
     workers: Annotated[int, typer.Option(help="Tokenization processes.")] = 1,
     seed: options.Seed = 0,
     reuse: options.Reuse = True,
@@ -114,6 +115,7 @@ def plan(
             truncate_field=truncate_field,
             truncation_method=truncation_method,
             chat_truncation=chat_truncation,
+            template_vars=template_var,
             vision=options.vision_spec(vision_processor, vision, media_root, inputs),
         ),
     )

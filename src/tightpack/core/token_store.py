@@ -265,11 +265,17 @@ class TokenStore:
 
 
 def append_eos(
-    ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, eos_id: int, eos_supervised: np.ndarray
+    ids: np.ndarray,
+    mask: np.ndarray,
+    lengths: np.ndarray,
+    eos_id: int,
+    eos_supervised: np.ndarray,
+    append: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Samples stored back to back, each ending with EOS (appended unless it is already the last
     token), the EOS supervised where ``eos_supervised``. Returns tokens (int32), mask (int8) and the
-    stored lengths.
+    stored lengths. ``append`` (bool per sample, default all True): where False nothing is appended
+    and the mask is left as it is (a chat template's own end marker ends that sample).
 
     >>> tokens, mask, stored = append_eos(np.array([5, 6, 9, 7]), np.array([0, 1, 0, 1]), np.array([2, 2]),
     ...                                   9, np.array([True, False]))
@@ -279,9 +285,10 @@ def append_eos(
     ends = np.cumsum(lengths)
     last = np.maximum(ends - 1, 0)
     has_eos = (lengths > 0) & (ids[last] == eos_id) if len(ids) else np.zeros(len(lengths), dtype=bool)
-    needs = ~has_eos
+    appended = np.ones(len(lengths), dtype=bool) if append is None else append
+    needs = ~has_eos & appended
     tokens = np.insert(ids, ends[needs], eos_id).astype(np.int32)
     stored = lengths + needs
     loss_mask = np.insert(mask, ends[needs], 0).astype(np.int8)
-    loss_mask[(np.cumsum(stored) - 1)[eos_supervised]] = 1
+    loss_mask[(np.cumsum(stored) - 1)[eos_supervised & appended]] = 1
     return tokens, loss_mask, stored

@@ -15,6 +15,11 @@ Accepted (the OpenAI chat format, which Hugging Face chat templates also take):
   "arguments"}}``; ``arguments`` is a JSON object or a string holding one (as the OpenAI API writes
   it), parsed here so that templates see an object, as Hugging Face templates expect
   (``{{ tool_call.function.arguments | tojson }}``). A null or empty ``tool_calls`` means none.
+- ``weight`` (assistant turns only, OpenAI's fine-tuning format): 1 supervises the turn (the
+  default), 0 does not, whatever ``--loss-on`` (``last-turn`` with a last turn of weight 0 leaves the
+  row without supervision). Any other value is a bad row.
+- ``reasoning_content`` and ``thinking`` (assistant turns): the reasoning that Qwen3-style and
+  gpt-oss-style templates render; passed to the template as is.
 - ``tool_call_id`` and ``name`` (tool turns): strings when present. A tool turn without ``name`` gets
   the name of the call whose ``id`` is its ``tool_call_id`` (the Hugging Face convention is ``name``;
   the OpenAI one is ``tool_call_id``).
@@ -49,6 +54,7 @@ from typing import Any
 
 __all__ = [
     "CHAT_ROLES",
+    "MESSAGE_KEYS",
     "TOOL_CALL_PREFIX",
     "TOOL_RESULT_PREFIX",
     "ContentError",
@@ -59,6 +65,11 @@ __all__ = [
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 TOOL_CALL_PREFIX = "<|tool_call|>"
 TOOL_RESULT_PREFIX = "<|tool_result|>"
+
+#: The message keys tightpack knows; any other is passed to the chat template and reported once.
+MESSAGE_KEYS = frozenset(
+    {"role", "content", "name", "tool_calls", "tool_call_id", "weight", "reasoning_content", "thinking"}
+)
 
 # Roles whose plain {role, content: str} messages need no change; a tool turn may need its name.
 _PLAIN_ROLES = CHAT_ROLES - {"tool"}
@@ -97,6 +108,10 @@ def normalize_messages(messages: list) -> list[dict[str, Any]]:
             and type(m.get("content")) is str
             and m.get("role") in _PLAIN_ROLES
             and "tool_calls" not in m
+            and (
+                "weight" not in m
+                or (m["role"] == "assistant" and m["weight"] in (0, 1) and type(m["weight"]) is int)
+            )
             and None not in m.values()
             for m in messages
         ):
@@ -125,6 +140,8 @@ def normalize_messages(messages: list) -> list[dict[str, Any]]:
         else:
             out.pop("tool_calls", None)
         out["content"] = _content_text(message, number, role, has_calls=bool(calls))
+        if "weight" in out:
+            _check_weight(out["weight"], number, role)
         if role == "tool":
             _check_tool_turn(message, number)
             if message.get("name") is None and message.get("tool_call_id") in call_names:
@@ -250,6 +267,18 @@ def _normalized_call(call: Any, where: str) -> dict[str, Any]:
             raise ContentError(f"{where} ({name}) 'id' must be a string, got {type(call_id).__name__}")
         normalized = {"id": call_id, **normalized}
     return normalized
+
+
+def _check_weight(weight: Any, number: int, role: str) -> None:
+    if role != "assistant":
+        raise ContentError(
+            f"message {number} ({role}) has a 'weight'; only assistant turns are weighted (0 or 1)"
+        )
+    if type(weight) not in (int, float) or weight not in (0, 1):
+        raise ContentError(
+            f"message {number} (assistant) 'weight' must be 0 (not supervised) or 1 (supervised), got "
+            f"{weight!r}"
+        )
 
 
 def _check_tool_turn(message: dict, number: int) -> None:

@@ -10,26 +10,49 @@ Built-in chat template (used when the tokenizer has none, e.g. the built-in GPT-
 where a message's text is its content, then one ``<|tool_call|>{"name": ..., "arguments": {...}}``
 line per tool call, and for a tool turn with a known tool name a first ``<|tool_result|>{"name": ...}``
 line (`chat_content.builtin_message_text`). An assistant turn's loss span is its text (its calls
-included) and the newline that closes it, so the model learns where a turn ends. With a tokenizer's
-template, the span of assistant turn ``i`` is the text between rendering ``messages[:i]`` with the
-generation prompt and rendering ``messages[:i+1]`` (it includes the end-of-turn marker), or the
-template's own ``{% generation %}`` blocks when it has them.
+included) and the newline that closes it, so the model learns where a turn ends, and the appended EOS.
+With a tokenizer's template, each assistant turn is located in the rendering of the whole conversation
+(`tightpack.prepare.template_turns`, also for templates that rewrite earlier turns); its span runs from
+the end of the generation prompt to the template's end marker (whitespace after it excluded), or is
+the template's own ``{% generation %}`` blocks that lie in it. No EOS follows a template's end marker.
+Turns of ``weight`` 0 carry no loss.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from tightpack.core.truncation import ANSWER, KEEP, PROMPT
-from tightpack.prepare.chat_content import CHAT_ROLES, ContentError, builtin_message_text, normalize_messages
+from tightpack.logs import logger
+from tightpack.prepare.chat_content import (
+    CHAT_ROLES,
+    MESSAGE_KEYS,
+    ContentError,
+    builtin_message_text,
+    normalize_messages,
+)
 from tightpack.prepare.rendered import Rendered, RowError, _bounded
+from tightpack.prepare.template_turns import Turn, locate_turns
 
 if TYPE_CHECKING:  # annotations only: formats imports this module
     from tightpack.prepare.formats import FormatConfig, LossOn
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+_WARNED: set[str] = set()  # what this process has reported: once per run, not once per row
+
+
+def reset_warnings() -> None:
+    """Forget what was reported: a new run reports again (called where tokenization starts)."""
+    _WARNED.clear()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger().warning(message)
 
 
 def _checked_messages(row: dict, config: FormatConfig) -> list[dict[str, Any]]:
@@ -39,16 +62,25 @@ def _checked_messages(row: dict, config: FormatConfig) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise RowError(f"{config.messages_key!r} must be a non-empty list of {{role, content}} objects")
     try:
-        return normalize_messages(messages)
+        normalized = normalize_messages(messages)
     except ContentError as error:
         raise RowError(str(error)) from None
+    unknown = {key for message in normalized for key in message} - MESSAGE_KEYS
+    for key in sorted(unknown):
+        _warn_once(
+            f"message key {key!r} is not one tightpack knows ({', '.join(sorted(MESSAGE_KEYS))}); it is "
+            "passed to the chat template as is and otherwise ignored"
+        )
+    return normalized
 
 
 def _supervised_turns(messages: list[dict[str, Any]], loss_on: LossOn) -> list[int]:
+    """The assistant turns that carry the loss: all of them, or the last one (``last-turn``), less
+    those with ``weight`` 0 (a last turn of weight 0 under ``last-turn`` leaves none)."""
     assistant = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
     if loss_on == "last-turn":
-        return assistant[-1:]
-    return assistant
+        assistant = assistant[-1:]
+    return [i for i in assistant if messages[i].get("weight", 1) == 1]
 
 
 def _rounds(messages: list[dict]) -> list[int]:
@@ -98,17 +130,30 @@ def _render_chat(
     turns = [] if config.loss_on == "all" else _supervised_turns(messages, config.loss_on)
     last_supervised = config.loss_on == "all" or (bool(turns) and turns[-1] == len(messages) - 1)
     units = _rounds(messages)
+    variables = dict(config.template_vars)
     if chat_template is None:
+        if variables:
+            raise RowError(
+                "template variables are set (--template-var) but the tokenizer has no chat template: the "
+                "built-in template takes none; drop them or use a tokenizer with a chat template"
+            )
         text, spans, segments = _render_builtin(messages, tools, turns, units)
-        add_special = True
+        add_special, append_eos = True, True
     else:
-        text, spans, segments = _render_template(messages, tools, turns, units, chat_template, special)
+        text, spans, segments, closed, note = _render_template(
+            messages, tools, turns, units, chat_template, special, variables
+        )
+        if note is not None and config.chat_truncation == "oldest-turns":
+            _warn_once(note)
         add_special = False  # templates write their own BOS
+        append_eos = not closed  # the template's end marker ends the sample, as in transformers' mask
     if config.loss_on == "all":
         spans = ((0, len(text)),)
     if config.chat_truncation == "end":  # no round is dropped and no text trimmed: the end is cut
         segments = [(position, kind & ANSWER, -1) for position, kind, _ in segments]
-    return Rendered(text, tuple(spans), add_special, last_supervised, tuple(segments), cut)
+    return Rendered(
+        text, tuple(spans), add_special, last_supervised, tuple(segments), cut, append_eos=append_eos
+    )
 
 
 _BUILTIN_HEADERS = {role: f"<|{role}|>\n" for role in CHAT_ROLES}
@@ -135,13 +180,12 @@ def _render_builtin(messages, tools, turns, units):
     return "".join(parts), spans, segments
 
 
-def _render_template(messages, tools, turns, units, chat_template: str, special):
-    """Text, supervised spans and segments of a conversation rendered with a Jinja chat template.
+def _render_template(messages, tools, turns, units, chat_template: str, special, variables):
+    """Text, supervised spans and segments of a conversation rendered with a Jinja chat template, and
+    whether the text closes the last turn itself (then no EOS is appended).
 
-    Assistant turn ``i`` spans from the end of ``messages[:i]`` rendered with the generation prompt
-    to the end of ``messages[:i + 1]`` (so it holds the end-of-turn marker). The same prefixes bound
-    the rounds; user text is found in the text between them. A template that does not render
-    prefixes as prefixes of the whole gets no segments (a long conversation is cut at its end).
+    Turns are located in the whole rendering (`tightpack.prepare.template_turns`); a template with
+    ``{% generation %}`` blocks supervises its blocks, each given to the turn it lies in.
     """
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -154,69 +198,98 @@ def _render_template(messages, tools, turns, units, chat_template: str, special)
                 add_generation_prompt=generation_prompt,
                 return_assistant_tokens_mask=assistant_mask,
                 **special,
+                **variables,
             )
         except Exception as error:  # jinja raises TemplateError, or whatever raise_exception() is given
             raise RowError(f"the chat template failed on this conversation: {error}") from None
         return texts[0], (generation[0] if generation else [])
 
-    generation_blocks = "{% generation %}" in chat_template or "{%- generation %}" in chat_template
-    text, generation = render(messages, assistant_mask=generation_blocks)
-    bounds: dict[int, tuple[int, int]] = {}  # assistant turn -> (start, end) in text
-    for turn, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        prefix, _ = render(messages[:turn], generation_prompt=True)
-        through, _ = render(messages[: turn + 1])
-        if text.startswith(through) and through.startswith(prefix):
-            bounds[turn] = (len(prefix), len(through))
-        elif turn in turns and not generation_blocks:
-            raise RowError(
-                "the chat template does not render conversations prefix by prefix (it rewrites earlier "
-                "turns), so assistant spans cannot be located; use --loss-on all, or a template with "
-                "{% generation %} blocks"
-            )
-    if generation_blocks:
-        spans = [tuple(span) for span in generation]
-        if len(turns) < len(spans):  # last-turn: keep the last generation block
-            spans = spans[-len(turns) :] if turns else []
+    blocks = _GENERATION.search(chat_template) is not None
+    text, generation = render(messages, assistant_mask=blocks)
+    located = locate_turns(text, messages, lambda conversation, **kw: render(conversation, **kw)[0])
+    if blocks:
+        spans = _block_spans(generation, located, turns)
     else:
-        spans = [bounds[turn] for turn in turns]
-    return text, spans, _template_segments(text, messages, units, bounds, render)
+        spans = [(located[t].start, located[t].end) for t in turns if t in located]
+    last = max(located, default=None)
+    closes_itself = (
+        last is not None and last == len(messages) - 1 and located[last].end > located[last].content[1]
+    )
+    segments, note = _template_segments(text, messages, units, located, render)
+    return text, spans, segments, closes_itself, note
 
 
-def _template_segments(text, messages, units, bounds, render) -> list[tuple[int, int, int]]:
-    """Segments of a template-rendered conversation (see `_render_template`); [] when the template
-    does not render every prefix needed as a prefix of the whole."""
-    assistant = [turn for turn, message in enumerate(messages) if message["role"] == "assistant"]
-    if len(bounds) < len(assistant):
-        return []
+_GENERATION = re.compile(r"\{%[-+]?\s*generation\s*[-+]?%\}")
+
+
+def _block_spans(generation, located: dict[int, Turn], turns: list[int]) -> list[tuple[int, int]]:
+    """The generation blocks of the supervised turns: a block belongs to the first located turn whose
+    text (its closing included) ends at or after the block's end; blocks after every turn belong to
+    none and are kept when every turn is supervised."""
+    order = sorted(located)
+    closes = [located[t].close for t in order]
+    wanted = set(turns)
+    everything = wanted >= set(order)
+    spans = []
+    for start, end in generation:
+        owner = next((t for t, close in zip(order, closes, strict=True) if end <= close), None)
+        if (owner is None and everything) or owner in wanted:
+            spans.append((start, end))
+    return spans
+
+
+def _template_segments(text, messages, units, located, render):
+    """Segments of a template-rendered conversation, and a note when its rounds cannot be dropped.
+
+    Rounds are marked droppable only when removing the oldest round's text gives what the template
+    renders for the conversation without it (not so when the template merges the system prompt into
+    the first user turn, as Gemma's): otherwise no round is dropped, user text is still trimmed first
+    and the row's note says why.
+    """
     leading = units.index(0) if 0 in units else len(messages)
-    system_end = 0
-    if leading and 0 in units:
-        head, _ = render(messages[:leading])
-        if not text.startswith(head):
-            return []
-        system_end = len(head)
+    head = render(messages[:leading])[0] if leading and 0 in units else ""
+    system_end = len(head) if text.startswith(head) else 0
     segments = [(0, KEEP, -1), (system_end, KEEP, units[leading] if leading < len(units) else -1)]
     cursor = system_end
     for number, (message, unit) in enumerate(zip(messages, units, strict=True)):
-        if number < leading:
-            continue
-        if number in bounds:
-            start, end = bounds[number]
-            segments += [
-                (start, ANSWER, unit),
-                (end, KEEP, units[number + 1] if number + 1 < len(units) else -1),
-            ]
-            cursor = end
+        following = units[number + 1] if number + 1 < len(units) else -1
+        if number in located:
+            turn = located[number]
+            if turn.start < cursor:
+                continue
+            (a, b), tail = turn.content, (turn.end, KEEP, unit)  # the content alone may be trimmed
+            segments += [(turn.start, ANSWER, unit), (a, ANSWER, unit), (b, ANSWER, unit), tail]
+            segments.append((turn.close, KEEP, following))
+            cursor = turn.close
             continue
         content = message["content"].strip()
-        found = text.find(content, cursor) if content else -1
-        if found < 0:
+        found = text.find(content, cursor) if content and number >= leading else -1
+        if found < 0:  # the system text is kept: where the template puts it, it is not searched for
             continue
         segments += [(found, _content_kind(message["role"]), unit), (found + len(content), KEEP, unit)]
         cursor = found + len(content)
     segments.append((len(text), KEEP, -1))
     if any(b[0] < a[0] for a, b in itertools.pairwise(segments)):
-        return []
-    return segments
+        return [
+            (0, KEEP, -1),
+            (len(text), KEEP, -1),
+        ], "the chat template's text could not be divided into turns"
+    if max(units, default=-1) < 1:
+        return segments, None
+    first = [i for i, (_, _, unit) in enumerate(segments) if unit == 0]
+    begin, stop = segments[first[0]][0], segments[first[-1] + 1][0]
+    shorter = render([m for m, unit in zip(messages, units, strict=True) if unit != 0])[0]
+    if text[:begin] + text[stop:] == shorter:
+        return segments, None
+    # Earlier answers' contents may then be trimmed like user text (their end markers stay), the last
+    # answer is cut last.
+    contents = {located[t].content[0] for t in located if 0 <= units[t] < max(units)}
+    kept = [(p, k | (PROMPT if k & ANSWER and p in contents else 0), -1) for p, k, _ in segments]
+    return kept, _ROUNDS_KEPT
+
+
+_ROUNDS_KEPT = (
+    "the chat template renders the conversation differently without its oldest round (it merges "
+    "text across turns), so no round is dropped: user text and earlier answers are trimmed, then the end "
+    "is cut"
+)

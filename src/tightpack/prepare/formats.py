@@ -18,14 +18,22 @@ Two formats (``--format``):
 The chat rendering (the built-in chat template, chat loss spans and segments) is
 `tightpack.prepare.chat_render`; the shared `Rendered` and `RowError` are `tightpack.prepare.rendered`.
 
-Every sample gets an EOS token appended (unless the text already ends with it), supervised when the
-last message is: that is how the model learns to stop.
+End of a sample: the model must learn to stop, once. A prompt-completion sample and a chat sample
+rendered with the built-in template get an EOS token appended (unless the text already ends with it),
+supervised when the last message is: the built-in template's EOS is its end marker. A chat template
+closes each turn with its own end marker (``<|im_end|>``, ``<|eot_id|>``, ``</s>``,
+``<end_of_turn>``): the assistant turn's supervision ends with it, the whitespace the template
+writes after it is not supervised, and no EOS is appended (transformers' assistant mask appends
+nothing either). Only a template that writes nothing after the last turn's content gets the EOS.
+How turns are located in a template's rendering is `tightpack.prepare.template_turns`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -65,6 +73,9 @@ class FormatConfig:
             oldest rounds whole, then trims user text; ``end`` cuts the conversation at its end.
         vision: image and video parts of chat rows become vision tokens
             (`tightpack.prepare.vision_rows`); None refuses them (text-only packing).
+        template_vars: extra variables of the chat template (``{"enable_thinking": False}``), given
+            as a mapping or ``(name, value)`` pairs and kept as pairs sorted by name; values are JSON
+            values. Part of the store's cache key and of the manifest's settings.
 
     How these are applied is `tightpack.core.truncation`; here they only mark the text.
     """
@@ -80,8 +91,10 @@ class FormatConfig:
     truncation_method: TruncationMethod = "right"
     chat_truncation: ChatTruncation = "oldest-turns"
     vision: VisionSpec | None = None
+    template_vars: tuple[tuple[str, Any], ...] | Mapping[str, Any] = dataclasses.field(default=(), hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "template_vars", _template_vars(self.template_vars))
         check_choice("--format", self.format, get_args(Format))
         check_choice("--loss-on", self.loss_on, get_args(LossOn))
         check_choice("--truncation-method", self.truncation_method, get_args(TruncationMethod))
@@ -108,6 +121,38 @@ class FormatConfig:
     def truncation_fields(self) -> tuple[str, ...]:
         """The fields trimmed first (``truncate_fields``, by default the input field)."""
         return (self.input_key,) if self.truncate_fields is None else tuple(self.truncate_fields)
+
+
+# What the renderer itself passes to a chat template: a variable may not replace it.
+_RESERVED_VARS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template"}
+)
+
+
+def _template_vars(given: Any) -> tuple[tuple[str, Any], ...]:
+    items = given.items() if isinstance(given, Mapping) else given
+    try:
+        pairs = sorted(((str(name), value) for name, value in items), key=lambda pair: pair[0])
+    except (TypeError, ValueError):
+        raise TightpackError(
+            f"template_vars must be a mapping of names to values or (name, value) pairs, got {given!r}"
+        ) from None
+    for name, value in pairs:
+        if not name.isidentifier() or name in _RESERVED_VARS:
+            raise TightpackError(
+                f"template variable {name!r} cannot be set: a name must be an identifier and not one of "
+                f"{', '.join(sorted(_RESERVED_VARS))}"
+            )
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise TightpackError(
+                f"template variable {name!r} must be a JSON value (string, number, bool, null, list, "
+                f"object), got {type(value).__name__}"
+            ) from None
+    if len({name for name, _ in pairs}) != len(pairs):
+        raise TightpackError(f"template variables name one variable twice: {[name for name, _ in pairs]}")
+    return tuple(pairs)
 
 
 def render_row(

@@ -30,6 +30,9 @@ class Rendered:
             tokenizer appends after the text, and the EOS). Empty: no structure.
         cut: whether a field longer than the text budget lost its middle before tokenizing.
         media: the images and videos of the sample, in the order of their placeholders in the text.
+        append_eos: whether an EOS is appended; False when a chat template closed the last turn with
+            its own end marker (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``), which then ends the
+            sample.
     """
 
     text: str
@@ -39,6 +42,7 @@ class Rendered:
     segments: tuple[tuple[int, int, int], ...] = ()
     cut: bool = False
     media: tuple[MediaItem, ...] = ()
+    append_eos: bool = True
 
 
 def _bounded(text: str, budget: int | None) -> tuple[str, bool]:

@@ -25,6 +25,7 @@ import numpy as np
 from tightpack.core.long_samples import LongSampleCut
 from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter, append_eos
 from tightpack.errors import TightpackError
+from tightpack.prepare.chat_render import reset_warnings
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row
 from tightpack.prepare.pretokenized import pretokenized_arrays
 from tightpack.prepare.sources import Chunk
@@ -189,7 +190,8 @@ def _assemble(
         body = offsets_body(rendered, encoded)
     ids, lengths, mask, segment_starts = body
     eos_supervised = np.array([sample.eos_supervised for _, sample in rendered], dtype=bool)
-    tokens, loss_mask, stored = append_eos(ids, mask, lengths, spec.eos_id, eos_supervised)
+    append = np.array([sample.append_eos for _, sample in rendered], dtype=bool)
+    tokens, loss_mask, stored = append_eos(ids, mask, lengths, spec.eos_id, eos_supervised, append)
     source_index = np.array([chunk.first_sample + offset for offset, _ in rendered], dtype=np.int64)
     segments = Segments(
         counts=np.array([len(sample.segments) for _, sample in rendered], dtype=np.int64),
@@ -273,6 +275,12 @@ def tokenize_to_store(
     if workers < 1:
         raise TightpackError(f"--workers must be at least 1, got {workers}")
     spec.byte_level  # noqa: B018 - computed here once, inherited by forked workers
+    reset_warnings()  # each run reports an unknown message key once (once per worker process)
+    if config.template_vars and spec.chat_template is None and config.format in ("chat", "auto"):
+        raise TightpackError(
+            f"template variables are set (--template-var) but tokenizer {spec.name!r} has no chat template: "
+            "the built-in template takes none; drop them or use a tokenizer with a chat template"
+        )
     writer = TokenStoreWriter(store_dir)
     rows_read, bad_rows, texts_cut = 0, [], 0
 

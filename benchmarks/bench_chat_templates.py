@@ -1,0 +1,100 @@
+"""Supervised tokens per chat template and ``--loss-on`` (the table docs/chat-templates.md quotes).
+
+The 50 multi-turn chitchat rows with a system message and the family-style templates of
+``tests/chat_templates.py``, a Llama-style SentencePiece BPE of 1,500 pieces trained here on the same
+corpus (special tokens added), packed with ``tightpack.pack_dataset`` at ``--pack-size`` 8192 and
+1024 (oldest-turns). Per template and mode: supervised tokens, rows without a supervised token; and
+for the templates with generation blocks the tokens transformers' ``return_assistant_tokens_mask``
+supervises.
+
+    .venv/bin/python benchmarks/bench_chat_templates.py
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.chat_templates import SPECIAL_TOKENS, TEMPLATES, conversations
+from tests.conftest import write_jsonl
+from tests.test_tokenizer import conversation_texts
+
+from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.prepare.formats import FormatConfig
+
+
+def tokenizer_folders(root: Path) -> dict[str, Path]:
+    import sentencepiece
+    from transformers import AutoTokenizer
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(conversation_texts(20_000)), model_writer=model, vocab_size=1500,
+        model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, minloglevel=2,
+    )  # fmt: skip
+    (root / "spm").mkdir()
+    (root / "spm" / "tokenizer.model").write_bytes(model.getvalue())
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+    }
+    (root / "spm" / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = AutoTokenizer.from_pretrained(root / "spm")
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    folders = {}
+    for name, template in TEMPLATES.items():
+        tokenizer.chat_template = template
+        tokenizer.save_pretrained(root / name)
+        folders[name] = root / name
+    return folders
+
+
+def main() -> None:
+    from transformers import AutoTokenizer
+
+    rows = conversations(50)
+    root = Path(tempfile.mkdtemp())
+    source = write_jsonl(root / "rows.jsonl", rows)
+    folders = tokenizer_folders(root)
+    print("template            loss-on    pack  supervised  no-supervised  transformers")
+    for name, folder in folders.items():
+        reference = ""
+        if re.search(r"\{%[-+]?\s*generation\s*[-+]?%\}", TEMPLATES[name]):
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            masks = [
+                tokenizer.apply_chat_template(
+                    row["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+                )["assistant_masks"]
+                for row in rows
+            ]
+            reference = str(sum(map(sum, masks)))
+        for loss_on in ("assistant", "last-turn"):
+            for size in (8192, 1024):
+                out = root / f"{name}-{loss_on}-{size}"
+                config = PackConfig(
+                    packed_sequence_size=size, workers=1, reuse_store=False, skip_bad_lines=True,
+                    format=FormatConfig(format="chat", loss_on=loss_on),
+                )  # fmt: skip
+                pack_dataset([source], out, config, tokenizer=folder)
+                manifest = json.loads((out / "manifest.json").read_text())
+                table = pq.read_table(sorted(out.glob("*.parquet")), columns=["loss_mask"])
+                supervised = sum(map(sum, table.column("loss_mask").to_pylist()))
+                shown = reference if loss_on == "assistant" and size == 8192 else ""
+                print(
+                    f"{name:19} {loss_on:10} {size:4}  {supervised:10}  "
+                    f"{len(manifest['excluded']['no_supervised']):13}  {shown}"
+                )
+
+
+if __name__ == "__main__":
+    main()
