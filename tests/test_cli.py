@@ -254,6 +254,32 @@ class TestUserErrors:
                 r"^error: input '.*absent\.jsonl' does not exist or is not a file$",
             ),
             pytest.param(
+                ["{inputs}/good.jsonl", "{inputs}/good.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: input '.*good\.jsonl' is given twice as '.*good\.jsonl': it would be packed "
+                r"twice; give each input once \(repeating a dataset on purpose will come with dataset "
+                r"weights\)$",
+                id="same-input-twice",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "{inputs}/g*.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: input '.*good\.jsonl' is given by both '.*inputs/good\.jsonl' and "
+                r"'.*inputs/g\*\.jsonl': it would be packed twice",
+                id="path-and-pattern",
+            ),
+            pytest.param(
+                ["existing", "-o", "out", "--pack-size", "64"],
+                r"^error: input 'existing' is a packed folder \(tightpack's manifest\.json, or "
+                r"Megatron-Bridge's metadata\), not rows: inputs are JSONL or Parquet rows; to see the "
+                r"packs run `tightpack inspect existing`, to re-pack give the rows they were packed from$",
+                id="packed-folder-input",
+            ),
+            pytest.param(
+                ["{inputs}", "-o", "out", "--pack-size", "64"],
+                r"^error: input '.*inputs' is a folder: give its files, or a pattern such as "
+                r"'.*inputs/\*\.jsonl'$",
+                id="folder-input",
+            ),
+            pytest.param(
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--format", "xml"],
                 r"^error: .*'xml' is not one of",
                 id="unknown-format",

@@ -125,8 +125,9 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
     loaded as the dataset (or dataset dictionary) it holds.
 
     Raises:
-        TightpackError: on an empty list (no input given: that is not the demo corpus), a path that
-            is not a file, a pattern matching no file, an unknown file type, a ``DatasetDict``
+        TightpackError: on an empty list (no input given: that is not the demo corpus), a file
+            given twice (the same path twice, or a path and a pattern matching it), a path that
+            is not a file (a tightpack packed folder is named as such), a pattern matching no file, an unknown file type, a ``DatasetDict``
             without ``split`` (when it has several), a ``split`` not in it or with no
             ``DatasetDict`` to apply to, or an unsupported input.
 
@@ -165,6 +166,7 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
 
     sources = []
     used_split = False
+    given: dict[Path, str] = {}  # each input file (resolved) -> the argument that named it
     for item in itertools.chain([first], items):
         item = saved_dataset(item)
         kind = datasets_kind(item)
@@ -175,7 +177,9 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
         elif kind is not None:
             sources.append(dataset_source(item, kind))
         elif isinstance(item, (str, Path)):
-            sources.extend(file_source(path) for path in _expand(item))
+            for path in _expand(item):
+                _check_given_once(path, item, given)
+                sources.append(file_source(path))
         elif isinstance(item, dict):
             raise TightpackError(
                 "the inputs mix paths or datasets with rows (dicts): give either, or write the rows to a file"
@@ -197,6 +201,21 @@ def _check_split_used(split: str | None, *, used: bool) -> None:
         raise TightpackError(
             f"split {split!r} given, but no input is a DatasetDict or IterableDatasetDict to take it from"
         )
+
+
+def _check_given_once(path: Path, item: str | Path, given: dict[Path, str]) -> None:
+    """Refuse an input file that an earlier argument already named (the same path, another spelling
+    of it, or a pattern matching it): it would be packed twice."""
+    resolved = path.resolve()
+    if resolved not in given:
+        given[resolved] = str(item)
+        return
+    first, second = given[resolved], str(item)
+    how = f"twice as {first!r}" if first == second else f"by both {first!r} and {second!r}"
+    raise TightpackError(
+        f"input {str(path)!r} is given {how}: it would be packed twice; give each input once "
+        "(repeating a dataset on purpose will come with dataset weights)"
+    )
 
 
 def _expand(item: str | Path) -> list[Path]:
