@@ -559,3 +559,29 @@ def test_summary_gives_the_tight_lower_bound_when_samples_exceed_half_a_pack(tmp
     assert result.returncode == 0, result.stderr
     # no two samples share a pack: the volume bound (3) is not reachable, L2 (5) is, and is reached
     assert summary_value(result.stdout, "packs (lower bound)") == "5 (volume 3, L2 5; gap 0)"
+
+
+# --- issue 26: rows and tools ------------------------------------------------------------------------
+
+
+def packed_texts(folder: Path) -> list[str]:
+    """The text of every packed row of ``folder`` (built-in GPT-2 tokenizer)."""
+    from tightpack.prepare.tokenizer import load_tokenizer
+
+    backend = load_tokenizer(None).backend
+    rows = pq.read_table(folder / "packs-00000.idx.parquet").column("input_ids").to_pylist()
+    return [backend.decode(row, skip_special_tokens=False) for row in rows]
+
+
+def test_a_prompt_template_typed_with_backslash_n_gets_a_newline(tmp_path):
+    """A shell passes ``"Q: {input}\\nA: {output}"`` as a backslash and an n: decoded, not trained on."""
+    source = write_jsonl(tmp_path / "one.jsonl", [{"input": "hi", "output": "yo"}])
+    template = r"Q: {input}\nA:\t{output}"
+    result = run_cli(
+        "pack", source, "-o", tmp_path / "out", "--pack-size", "64", "--workers", "1",
+        "--prompt-template", template, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert packed_texts(tmp_path / "out") == ["Q: hi\nA:\tyo<|endoftext|>"]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["settings"]["format"]["prompt_template"] == "Q: {input}\nA:\t{output}"

@@ -6,6 +6,7 @@ and check them once; `format_config` turns the sample options into a `FormatConf
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -33,7 +34,10 @@ InputKey = Annotated[str, typer.Option(help="Prompt key of prompt-completion row
 OutputKey = Annotated[str, typer.Option(help="Completion key of prompt-completion rows.")]
 PromptTemplate = Annotated[
     str | None,
-    typer.Option(help='Prompt template, ending with the output key (default "{input} {output}").'),
+    typer.Option(
+        help='Prompt template, ending with the output key (default "{input} {output}"); the escapes '
+        "\\n, \\t and \\\\ are decoded (a newline, a tab, a backslash)."
+    ),
 ]
 AlgorithmOption = Annotated[Algorithm, typer.Option(help="Packing algorithm.")]
 PadSeqToMult = Annotated[
@@ -95,13 +99,28 @@ def format_config(
         format=format.value,
         input_key=input_key,
         output_key=output_key,
-        prompt_template=prompt_template,
+        prompt_template=None if prompt_template is None else decode_escapes(prompt_template),
         loss_on=loss_on.value,
         truncate_fields=_fields(truncate_field),
         truncation_method=truncation_method.value,
         chat_truncation=chat_truncation.value,
         vision=vision,
     )
+
+
+_ESCAPES = re.compile(r"\\([nt\\])")
+_ESCAPED = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def decode_escapes(template: str) -> str:
+    r"""A template typed on a command line, its ``\n``, ``\t`` and ``\\`` decoded: a shell passes
+    ``"Q: {input}\nA: {output}"`` with a backslash and an ``n``, which would be trained on as such.
+    Other backslashes stay. (A template from Python or a configuration file is already text.)
+
+    >>> decode_escapes(r"Q: {input}\nA:\t{output} \\n \d")
+    'Q: {input}\nA:\t{output} \\n \\d'
+    """
+    return _ESCAPES.sub(lambda match: _ESCAPED[match.group(1)], template)
 
 
 def _fields(option: str | None) -> tuple[str, ...] | None:
