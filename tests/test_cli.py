@@ -441,6 +441,19 @@ class TestInspect:
         assert summary["pack_size"] is None
         assert "efficiency" not in summary
 
+    def test_megatron_bridge_folder_gives_the_pack_size_of_its_metadata(self, tmp_path):
+        """Megatron-Bridge writes ``<P>_metadata.jsonl`` next to its packs: its ``pack_size`` is used."""
+        folder = write_megatron_bridge_folder(tmp_path / "mb")
+        metadata = [{"dataset_max_seqlen": 4, "max_samples_per_bin": 2, "pack_size": 8}]
+        (folder / "8_metadata.jsonl").write_text(json.dumps(metadata))
+        summary = json.loads(run_cli("inspect", folder, "--json", cwd=tmp_path).stdout)
+        assert (summary["pack_size"], summary["efficiency"]) == (8, 9 / 16)
+        table = run_cli("inspect", folder, cwd=tmp_path)
+        assert summary_value(table.stdout, "pack size") == "8"
+        assert summary_value(table.stdout, "efficiency") == "56.25%"
+        given = json.loads(run_cli("inspect", folder, "--pack-size", 5, "--json", cwd=tmp_path).stdout)
+        assert given["pack_size"] == 5, "--pack-size wins over the metadata"
+
     @pytest.mark.parametrize(
         ("make", "message"),
         [
