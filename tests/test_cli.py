@@ -572,6 +572,10 @@ def test_summary_gives_the_tight_lower_bound_when_samples_exceed_half_a_pack(tmp
     assert result.returncode == 0, result.stderr
     # no two samples share a pack: the volume bound (3) is not reachable, L2 (5) is, and is reached
     assert summary_value(result.stdout, "packs (lower bound)") == "5 (volume 3, L2 5; gap 0)"
+    efficiency, at_bound = re.fullmatch(
+        r"(\d+\.\d\d%) \(at the lower bound: (\d+\.\d\d%)\)", summary_value(result.stdout, "efficiency")
+    ).groups()
+    assert at_bound == efficiency, "the bound the packs row gives (L2: 5 packs), not the volume bound (3)"
 
 
 # --- issue 26: rows and tools ------------------------------------------------------------------------
