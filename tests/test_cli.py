@@ -209,15 +209,16 @@ class TestUserErrors:
                     "--pad-seq-to-mult",
                     "8",
                 ],
-                r"^error: max_seq_length \(7\) must be at least the effective padding multiple \(8\)",
+                r"^error: --max-seq-length \(7\) must be at least the effective padding multiple \(8\); "
+                r"raise the length or lower --pad-seq-to-mult / the parallel sizes$",
             ),
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "8", "--cp", "8"],
-                r"^error: max_seq_length \(8\) must be at least the effective padding multiple \(16\)",
+                r"^error: --max-seq-length \(8\) must be at least the effective padding multiple \(16\)",
             ),
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--tp", "0"],
-                r"^error: tp must be a positive integer, got 0$",
+                r"^error: --tp must be a positive integer, got 0$",
             ),
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--workers", "-1"],
@@ -602,3 +603,42 @@ def test_a_prompt_template_typed_with_backslash_n_gets_a_newline(tmp_path):
     assert packed_texts(tmp_path / "out") == ["Q: hi\nA:\tyo<|endoftext|>"]
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["settings"]["format"]["prompt_template"] == "Q: {input}\nA:\t{output}"
+
+
+def test_a_pack_smaller_than_the_fixed_template_text_names_the_cause(tmp_path):
+    """A system turn the template always keeps, longer than the cap: no answer token can stay."""
+    system = {"role": "system", "content": "You are a careful assistant who answers every question in detail"}
+    rows = [
+        {"messages": [system, {"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "ok"}]}
+        for i in range(3)
+    ]
+    source = write_jsonl(tmp_path / "chat.jsonl", rows)
+    line = error_line(
+        run_cli("pack", source, "-o", tmp_path / "out", "--pack-size", "16", "--workers", "1", cwd=tmp_path)
+    )
+    match = re.fullmatch(
+        r"error: no sample left to pack \(3 rows in, 0 bad, 0 too long, 3 without supervised tokens\): "
+        r"3 samples lost every supervised token to truncation: the text truncation never trims \(the chat "
+        r"template's fixed tokens such as the system turn and role headers, or a prompt template's text and "
+        r"its fields that are not truncation fields\) is (\d+) tokens or more before the answer in each, "
+        r"over the cap of 16 tokens; raise the pack size \(and the per-sample cap\) above that, or shorten "
+        r"that fixed text",
+        line,
+    )
+    assert match, line
+    fixed = int(match.group(1))
+    assert fixed >= 16
+    # at a pack size with room for the fixed text and the answer, every sample is packed whole
+    room = run_cli(
+        "pack",
+        source,
+        "-o",
+        tmp_path / "room",
+        "--pack-size",
+        str(fixed + 16),
+        "--workers",
+        "1",
+        cwd=tmp_path,
+    )
+    assert room.returncode == 0, room.stderr
+    assert summary_value(room.stdout, "dropped (no supervised token)") == "0"

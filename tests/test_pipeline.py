@@ -302,7 +302,7 @@ def test_existing_output_is_refused_then_replaced(tmp_path, prompt_completion_ro
     source = write_jsonl(tmp_path / "train.jsonl", prompt_completion_rows)
     out = tmp_path / "out"
     pack_dataset([source], out, PackConfig(packed_sequence_size=256))
-    with pytest.raises(TightpackError, match="already exists; pass --overwrite"):
+    with pytest.raises(TightpackError, match="already exists; pass overwrite=True"):
         pack_dataset([source], out, PackConfig(packed_sequence_size=256))
     pack_dataset([source], out, PackConfig(packed_sequence_size=512), overwrite=True)
     assert json.loads((out / MANIFEST_NAME).read_text())["settings"]["packed_sequence_size"] == 512
@@ -338,15 +338,18 @@ def test_bad_rows_stop_the_run_or_are_counted(tmp_path, prompt_completion_rows):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"packed_sequence_size": 1}, "--pack-size must be an integer of at least 2"),
-        ({"packed_sequence_size": 2**31}, r"--pack-size 2147483648 exceeds 2147483647 \(2\*\*31 - 1\)"),
+        ({"packed_sequence_size": 1}, "^packed_sequence_size must be an integer of at least 2"),
+        (
+            {"packed_sequence_size": 2**31},
+            r"^packed_sequence_size 2147483648 exceeds 2147483647 \(2\*\*31 - 1\)",
+        ),
         (
             {"packed_sequence_size": 65, "cp": 2, "pad_to_max_length": True},
             "not a multiple of the alignment multiple 4",
         ),
         (
             {"packed_sequence_size": 64, "max_seq_length": 65},
-            r"--max-seq-length \(65\) must be between 1 and --pack-size \(64\)",
+            r"^max_seq_length \(65\) must be between 1 and packed_sequence_size \(64\)$",
         ),
         (
             {"packed_sequence_size": 64, "max_seq_length": 7, "pad_seq_to_mult": 8},
@@ -358,12 +361,12 @@ def test_bad_rows_stop_the_run_or_are_counted(tmp_path, prompt_completion_rows):
         ),
         (
             {"packed_sequence_size": 64, "pad_seq_to_mult": 4, "tp": 2},
-            "either --pad-seq-to-mult or --tp/--cp/--sp",
+            "either pad_seq_to_mult or tp/cp/sp",
         ),
-        ({"packed_sequence_size": 64, "pad_cu_seqlens": True}, "--pad-cu-seqlens needs --pad-to-max-length"),
+        ({"packed_sequence_size": 64, "pad_cu_seqlens": True}, "^pad_cu_seqlens needs pad_to_max_length"),
         (
             {"packed_sequence_size": 64, "algorithm": "nope"},
-            "--algorithm must be one of bfd, .*; got 'nope'",
+            "^algorithm must be one of bfd, .*; got 'nope'",
         ),
     ],
 )

@@ -180,13 +180,13 @@ def summarize_packed(
 ) -> dict[str, Any]:
     """Summary of a packed dataset: files, packs, sequences, tokens, supervised tokens, fill.
 
-    ``path`` is a file, folder or glob. Runtime tokens of a row are its stored tokens minus one per
-    sequence (labels are the tokens shifted by one). ``pack_size`` defaults to the manifest's, else to
-the ``pack_size`` of a Megatron-Bridge folder's metadata. With a
-    ``cost_model`` (a `CostModel`, a preset name or a JSON file), ``summary["cost"]`` gives the spread
-    of pack cost under it: mean, max / mean and coefficient of variation.
+        ``path`` is a file, folder or glob. Runtime tokens of a row are its stored tokens minus one per
+        sequence (labels are the tokens shifted by one). ``pack_size`` defaults to the manifest's, else to
+    the ``pack_size`` of a Megatron-Bridge folder's metadata. With a
+        ``cost_model`` (a `CostModel`, a preset name or a JSON file), ``summary["cost"]`` gives the spread
+        of pack cost under it: mean, max / mean and coefficient of variation.
 
-    ``read_pack_arrays`` then `summarize_pack_arrays`; call those two to keep the arrays (for plots).
+        ``read_pack_arrays`` then `summarize_pack_arrays`; call those two to keep the arrays (for plots).
     """
     model = None if cost_model is None else CostModel.resolve(cost_model)  # before reading anything
     return summarize_pack_arrays(read_pack_arrays(path), pack_size=pack_size, cost_model=model)

@@ -57,7 +57,7 @@ from tightpack.prepare.sources import open_sources
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
-from tightpack.sample_accounting import account_samples
+from tightpack.sample_accounting import account_samples, truncation_loss_note
 
 __all__ = [
     "MANIFEST_NAME",
@@ -225,11 +225,16 @@ def _pack_into(
         if counts["samples_in"] == 0:
             names = ", ".join(source.name for source in sources)
             raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
+        lost = excluded["no_supervised_after_truncation"]
+        note = truncation_loss_note(store, lost, config.cap) if lost else None
         if not keep.any():
             raise TightpackError(
                 f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
                 f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
+                + (f": {note}" if note else "")
             )
+        if note:
+            notes.append(note)
         plan, cost_balance = plan_kept(aligned, keep, config)
         del keep  # the plan holds the kept samples now (the driver's memory per sample)
         stats = pack_stats(plan, aligned, config.packed_sequence_size)

@@ -66,7 +66,8 @@ def _import_ray():
         import ray
     except ImportError:
         raise TightpackError(
-            "--engine ray needs Ray: pip install 'tightpack[ray]' (or run with --engine local)"
+            "engine='ray' needs Ray: pip install 'tightpack[ray]' (or run with engine='local')",
+            parameters=("engine='ray'", "engine='local'"),
         ) from None
     return ray
 
@@ -108,8 +109,9 @@ def _connected(ray, address: str | None, workers: int | None) -> Iterator[RayRun
             ray.init(address=address, **options)
         except ConnectionError as error:
             raise TightpackError(
-                f"--ray-address {address}: cannot join a Ray cluster there ({error}); start one with "
-                "`ray start --head` or leave --ray-address out for a local cluster"
+                f"ray_address {address}: cannot join a Ray cluster there ({error}); start one with "
+                "`ray start --head` or leave ray_address out for a local cluster",
+                parameters=("ray_address",),
             ) from None
         started = True
     try:
@@ -307,7 +309,7 @@ class RayRun:
             summary = json.loads(row["summary"])
             found = [BadRow(rows_read + row, where, why) for row, where, why in summary["bad_rows"]]
             if found and not skip_bad_rows:
-                raise TightpackError(bad_row_error(found[0]))
+                raise bad_row_error(found[0])
             bad_rows += found
             first_row.append(rows_read)
             rows_read += summary["rows"]

@@ -27,7 +27,9 @@ from tightpack.cli.app import (
     stderr,
     stdout,
 )
+from tightpack.cli.flags import cli_text
 from tightpack.errors import TightpackError
+from tightpack.prepare.tokenize import BAD_ROW_PARAMETERS
 from tightpack.prepare.vision_rows import VisionSpec
 from tightpack.prepare.vision_sizes import VisionSizes
 
@@ -305,7 +307,8 @@ def _print_summary(result) -> None:
         table.add_row(name, value)
     stdout.print(table)
     for bad in result.bad_rows[:5]:
-        stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False, soft_wrap=True)
+        reason = cli_text(bad.reason, BAD_ROW_PARAMETERS)
+        stderr.print(f"skipped {bad.location}: {reason}", markup=False, highlight=False, soft_wrap=True)
     if len(result.bad_rows) > 5:
         stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")
 

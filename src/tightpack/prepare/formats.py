@@ -82,16 +82,17 @@ class FormatConfig:
     vision: VisionSpec | None = None
 
     def __post_init__(self) -> None:
-        check_choice("--format", self.format, get_args(Format))
-        check_choice("--loss-on", self.loss_on, get_args(LossOn))
-        check_choice("--truncation-method", self.truncation_method, get_args(TruncationMethod))
-        check_choice("--chat-truncation", self.chat_truncation, get_args(ChatTruncation))
+        check_choice("format", self.format, get_args(Format))
+        check_choice("loss_on", self.loss_on, get_args(LossOn))
+        check_choice("truncation_method", self.truncation_method, get_args(TruncationMethod))
+        check_choice("chat_truncation", self.chat_truncation, get_args(ChatTruncation))
         fields = {field for _, field, _, _ in string.Formatter().parse(self.template) if field}
         unknown = sorted(set(self.truncation_fields) - fields)
         if self.truncate_fields is not None and unknown:
             raise TightpackError(
-                f"--truncate-field {', '.join(unknown)} is not a field of the prompt template "
-                f"{self.template!r}; its fields are {', '.join(sorted(fields))}"
+                f"truncate_fields {', '.join(unknown)} is not a field of the prompt template "
+                f"{self.template!r}; its fields are {', '.join(sorted(fields))}",
+                parameters=("truncate_fields",),
             )
         suffix = "{" + self.output_key + "}"
         if not self.template.endswith(suffix) or self.template.count(suffix) != 1:
@@ -166,7 +167,7 @@ def _check_placeholders(text: str, media: tuple[MediaItem, ...], vision: VisionS
 
 def _missing_key(key: str, row: dict) -> RowError:
     found = ", ".join(sorted(map(str, row))) or "none"
-    return RowError(f"missing key {key!r} (keys found: {found}); set --input-key/--output-key or --format")
+    return RowError(f"missing key {key!r} (keys found: {found}); set input_key/output_key or format")
 
 
 def _render_prompt_completion(row: dict, config: FormatConfig, text_budget: int | None) -> Rendered:

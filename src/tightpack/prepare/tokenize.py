@@ -33,6 +33,7 @@ from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.prepare.vision_tokens import VisionTokenIds, expand_vision_tokens
 
 __all__ = [
+    "BAD_ROW_PARAMETERS",
     "BadRow",
     "ChunkResult",
     "Encoder",
@@ -54,9 +55,16 @@ class BadRow:
     reason: str
 
 
-def bad_row_error(bad: BadRow) -> str:
-    """The message that stops a run at its first bad row (without ``--skip-bad-lines``)."""
-    return f"{bad.location}: {bad.reason} (fix the row, or pass --skip-bad-lines)"
+BAD_ROW_PARAMETERS = ("skip_bad_lines=True", "input_key/output_key or format")
+"""The settings a bad row's reason and `bad_row_error` may name (`TightpackError.parameters`)."""
+
+
+def bad_row_error(bad: BadRow) -> TightpackError:
+    """The error that stops a run at its first bad row (without ``skip_bad_lines``)."""
+    return TightpackError(
+        f"{bad.location}: {bad.reason} (fix the row, or pass skip_bad_lines=True)",
+        parameters=BAD_ROW_PARAMETERS,
+    )
 
 
 @dataclass
@@ -271,7 +279,7 @@ def tokenize_to_store(
         TightpackError: on the first bad row (in input order) unless ``skip_bad_rows``.
     """
     if workers < 1:
-        raise TightpackError(f"--workers must be at least 1, got {workers}")
+        raise TightpackError(f"workers must be at least 1, got {workers}", parameters=("workers",))
     spec.byte_level  # noqa: B018 - computed here once, inherited by forked workers
     writer = TokenStoreWriter(store_dir)
     rows_read, bad_rows, texts_cut = 0, [], 0
@@ -279,7 +287,7 @@ def tokenize_to_store(
     def consume(result: ChunkResult) -> None:
         nonlocal rows_read, texts_cut
         if result.bad_rows and not skip_bad_rows:
-            raise TightpackError(bad_row_error(result.bad_rows[0]))
+            raise bad_row_error(result.bad_rows[0])
         writer.append(
             result.tokens,
             result.loss_mask,
