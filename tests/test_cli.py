@@ -642,3 +642,30 @@ def test_a_pack_smaller_than_the_fixed_template_text_names_the_cause(tmp_path):
     )
     assert room.returncode == 0, room.stderr
     assert summary_value(room.stdout, "dropped (no supervised token)") == "0"
+
+
+def test_format_auto_reads_pre_tokenized_rows_as_tokens(tmp_path):
+    """Rows of ``input_ids`` (and ``loss_mask``) are packed by ``--format auto`` as by ``--format tokens``,
+    from a file or from a generator (whose first row is looked at without being lost)."""
+    from tightpack.pipeline import PackConfig, pack_dataset
+
+    rows = [{"input_ids": [10 + i, 20, 30, 40], "loss_mask": [0, 0, 1, 1]} for i in range(6)]
+    source = write_jsonl(tmp_path / "ids.jsonl", rows)
+    outputs = {}
+    for name in ("auto", "tokens"):
+        run = run_cli(
+            "pack", source, "-o", tmp_path / name, "--pack-size", "16", "--format", name, "--workers", "1",
+            "--no-reuse", cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        outputs[name] = (tmp_path / name / "packs-00000.idx.parquet").read_bytes()
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        assert manifest["settings"]["format"]["format"] == "tokens"
+    assert outputs["auto"] == outputs["tokens"]
+    ids = pq.read_table(tmp_path / "auto" / "packs-00000.idx.parquet").column("input_ids").to_pylist()
+    assert sorted(id_ for pack in ids for id_ in pack) == sorted(
+        [id_ for row in rows for id_ in row["input_ids"]] + [50256] * 6  # the ids as they are, + EOS each
+    )
+    result = pack_dataset((row for row in rows), tmp_path / "generator", PackConfig(packed_sequence_size=16))
+    assert result.counts["packed"] == 6
+    assert (tmp_path / "generator" / "packs-00000.idx.parquet").read_bytes() == outputs["tokens"]

@@ -53,7 +53,8 @@ from tightpack.output_folder import (
 )
 from tightpack.pack_config import PackConfig
 from tightpack.pack_output import build_manifest, write_packs
-from tightpack.prepare.sources import open_sources
+from tightpack.prepare.formats import run_format
+from tightpack.prepare.sources import first_row, open_sources
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
@@ -177,6 +178,7 @@ def tokenize_inputs(
     config.validate()
     spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
     sources = open_sources(inputs, split=split)
+    config = _run_config(config, sources)
     warnings: list[str] = []
     times: dict[str, float] = {}
     estimates = [source.estimated_rows for source in sources]
@@ -197,6 +199,7 @@ def _pack(
         if config.format.vision is not None:
             VisionTokenIds(config.format.vision, spec.backend)  # raises when the tokenizer lacks them
         sources = open_sources(inputs, split=split)
+        config = _run_config(config, sources)
 
     staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     claim(staging)
@@ -295,6 +298,15 @@ def _balance(plan: PackPlan, lengths: np.ndarray, config: PackConfig) -> tuple[P
     for key, which in (("before", plan), ("after", balanced)):
         report[key] = {"packs": len(which), **asdict(cost_spread(model.pack_costs(which, lengths)))}
     return balanced, report
+
+
+def _run_config(config: PackConfig, sources) -> PackConfig:
+    """``config`` with its format resolved for the run (`run_format`: ``auto`` on pre-tokenized inputs
+    is ``tokens``); the manifest records the format the rows were read as."""
+    resolved = run_format(config.format, first_row(sources)) if config.format.format == "auto" else None
+    if resolved is None or resolved is config.format:
+        return config
+    return dataclasses.replace(config, format=resolved)
 
 
 def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:

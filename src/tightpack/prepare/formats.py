@@ -13,7 +13,9 @@ Two formats (``--format``):
   everywhere (``all``).
 - ``tokens``: pre-tokenized rows, ``input_ids`` and an optional ``loss_mask``
   (`tightpack.prepare.pretokenized`); no text, no tokenizer call.
-- ``auto`` picks ``chat`` for a row with ``messages`` and ``prompt-completion`` otherwise.
+- ``auto`` picks ``chat`` for a row with ``messages`` and ``prompt-completion`` otherwise, row by row;
+  inputs whose first row is pre-tokenized (``input_ids``, no ``messages`` or input key) are
+  ``tokens`` for the whole run (`run_format`: token rows take another path than text rows).
 
 The chat rendering (the built-in chat template, chat loss spans and segments) is
 `tightpack.prepare.chat_render`; the shared `Rendered` and `RowError` are `tightpack.prepare.rendered`.
@@ -33,10 +35,11 @@ from tightpack.core.truncation import ANSWER, KEEP, PROMPT, TruncationMethod
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.chat_content import CHAT_ROLES
 from tightpack.prepare.chat_render import _render_chat
+from tightpack.prepare.pretokenized import TOKENS_KEY
 from tightpack.prepare.rendered import Rendered, RowError, _bounded
 from tightpack.prepare.vision_rows import MediaError, MediaItem, VisionSpec, vision_row
 
-__all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row"]
+__all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row", "run_format"]
 
 Format = Literal["auto", "prompt-completion", "chat", "tokens"]
 LossOn = Literal["assistant", "last-turn", "all"]
@@ -150,6 +153,26 @@ def render_row(
         return rendered
     _check_placeholders(rendered.text, media, config.vision)
     return dataclasses.replace(rendered, media=media)
+
+
+def run_format(config: FormatConfig, first_row: Any) -> FormatConfig:
+    """``config`` with ``auto`` resolved once for the run where it must be: pre-tokenized rows are read
+    by another path than text rows (`tightpack.prepare.pretokenized`), so when the first row is one
+    (``input_ids``, and neither the messages key nor the input key) the whole run is ``tokens``, and a
+    later text row is a bad row. Otherwise ``auto`` stays: chat or prompt-completion, row by row.
+
+    >>> run_format(FormatConfig(), {"input_ids": [5, 6], "loss_mask": [0, 1]}).format
+    'tokens'
+    >>> run_format(FormatConfig(), {"messages": [], "input_ids": [5]}).format
+    'auto'
+    """
+    tokens = (
+        isinstance(first_row, dict)
+        and TOKENS_KEY in first_row
+        and config.messages_key not in first_row
+        and config.input_key not in first_row
+    )
+    return dataclasses.replace(config, format="tokens") if config.format == "auto" and tokens else config
 
 
 def _check_placeholders(text: str, media: tuple[MediaItem, ...], vision: VisionSpec) -> None:

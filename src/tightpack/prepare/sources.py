@@ -18,6 +18,7 @@ same rows written as JSONL without those keys.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import itertools
@@ -39,7 +40,15 @@ from tightpack.prepare.dataset_sources import (
 )
 from tightpack.prepare.file_sources import file_source
 
-__all__ = ["CHUNK_BYTES", "DEFAULT_CORPUS_NAME", "Chunk", "Source", "default_corpus", "open_sources"]
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_CORPUS_NAME",
+    "Chunk",
+    "Source",
+    "default_corpus",
+    "first_row",
+    "open_sources",
+]
 
 DEFAULT_CORPUS_NAME = "chitchat-dataset (embedded default)"
 
@@ -160,7 +169,7 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
         _check_split_used(split, used=False)
         if stream:  # the first row was taken to see what the input is: it leads the rest
             rows = itertools.chain([first], items)
-            return [rows_source(lambda: rows, "rows", {"rows": "python"}, None, once=True)]
+            return [rows_source(lambda: rows, "rows", {"rows": "python"}, None, once=True, first=first)]
         count = len(inputs) if hasattr(inputs, "__len__") else None
         return [rows_source(lambda: inputs, "rows", {"rows": "python"}, count)]
 
@@ -194,6 +203,28 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
 
 _END = object()
 _GLOB_MAGIC = frozenset("*?[")
+
+
+def first_row(sources: list[Source]) -> Any:
+    """The first row of the inputs, parsed, without taking it from a generator (`Source.peek`); None
+    when there is no row or the first line is not JSON (the run then reports it as a bad row).
+
+    ``--format auto`` looks at it to tell pre-tokenized inputs (`tightpack.prepare.formats.run_format`).
+    """
+    for source in sources:
+        if source.peek is not None:
+            return source.peek()
+        with contextlib.closing(source.read(0, 1)) as chunks:
+            chunk = next(chunks, None)
+        if chunk is None:
+            continue
+        if chunk.lines is None:
+            return chunk.parsed_rows()[0]
+        try:
+            return json.loads(chunk.lines[0])
+        except (ValueError, RecursionError):
+            return None
+    return None
 
 
 def _check_split_used(split: str | None, *, used: bool) -> None:
