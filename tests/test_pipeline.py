@@ -267,6 +267,37 @@ def test_a_repeated_pack_reuses_the_token_store_until_an_input_changes(tmp_path,
     assert len(stores) == 3 and not list((tmp_path / "cache" / "stores").glob(".partial-*"))
 
 
+def test_chat_and_auto_share_a_token_store_when_every_row_is_chat(tmp_path, chat_rows, monkeypatch):
+    """``auto`` reads a row with messages as chat: on chat rows only, both make the same samples, and
+    the second run reuses the first one's store, whichever came first; on rows of both kinds they do
+    not, and nothing is reused across them."""
+    monkeypatch.setenv("TIGHTPACK_CACHE", str(tmp_path / "cache"))
+    chat, auto = (
+        PackConfig(packed_sequence_size=256, format=FormatConfig(format=f)) for f in ("chat", "auto")
+    )
+    source = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    made = pack_dataset([source], tmp_path / "chat", chat)
+    reused = pack_dataset([source], tmp_path / "auto", auto)
+    assert not made.reused_store and reused.reused_store
+    shards = [
+        (folder / "packs-00000.idx.parquet").read_bytes() for folder in (tmp_path / "chat", tmp_path / "auto")
+    ]
+    assert shards[0] == shards[1]
+    other = write_jsonl(tmp_path / "other.jsonl", chat_rows[:20])
+    assert not pack_dataset([other], tmp_path / "auto-first", auto).reused_store
+    assert pack_dataset([other], tmp_path / "chat-second", chat).reused_store
+
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", chat_rows[:10] + [{"input": "q", "output": "a"}] * 5)
+    skip = {"packed_sequence_size": 256, "skip_bad_lines": True}
+    by_row = pack_dataset([mixed], tmp_path / "mixed-auto", PackConfig(**skip))
+    as_chat = pack_dataset(
+        [mixed], tmp_path / "mixed-chat", PackConfig(**skip, format=FormatConfig(format="chat"))
+    )
+    assert not as_chat.reused_store
+    assert (by_row.counts["bad_rows"], as_chat.counts["bad_rows"]) == (0, 5)
+    assert pack_dataset([mixed], tmp_path / "mixed-auto-again", PackConfig(**skip)).counts == by_row.counts
+
+
 def test_parquet_and_dataset_inputs_and_several_files(tmp_path, gpt2, prompt_completion_rows):
     import datasets
 

@@ -316,10 +316,15 @@ def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
         return None
     if not all("sha256" in identity or "fingerprint" in identity for identity in identities):
         return None
+    # Chat, prompt-completion and auto share a key: which of them made a store, and the kinds of its
+    # rows, are in its information, and `_same_samples` tells whether it serves this run.
+    format_settings = config.settings()["format"]
+    if format_settings["format"] in _TEXT_FORMATS:
+        format_settings["format"] = "text"
     decisive = [
         identities,
         spec.fingerprint,
-        config.settings()["format"],
+        format_settings,
         config.skip_bad_lines,
         __version__,
         STORE_FORMAT_VERSION,
@@ -364,7 +369,8 @@ def _tokenize(
             key = None
     if key is not None and (hit := cache.lookup(key)) is not None:
         folder, info = hit
-        if not info["texts_cut"] or budget <= info["text_budget"]:
+        same = _same_samples(info.get("format"), config.format.format, info.get("kinds", ()))
+        if same and (not info["texts_cut"] or budget <= info["text_budget"]):
             shutil.rmtree(store_dir, ignore_errors=True)
             progress.advance(info["rows_read"])
             bad_rows = [BadRow(**row) for row in info["bad_rows"]]
@@ -372,7 +378,7 @@ def _tokenize(
             return TokenizeReport(
                 store, info["rows_read"], bad_rows, reused=True, texts_cut=info["texts_cut"]
             )
-        shutil.rmtree(folder, ignore_errors=True)  # its cut texts are too short for this larger cap
+        shutil.rmtree(folder, ignore_errors=True)  # other samples, or cut texts too short for this cap
     try:
         report = tokenize_to_store(
             _chunks(sources),
@@ -394,10 +400,31 @@ def _tokenize(
         "bad_rows": [asdict(row) for row in report.bad_rows],
         "texts_cut": report.texts_cut,
         "text_budget": budget,
+        "format": config.format.format,
+        "kinds": sorted(report.kinds),
     }
     folder = cache.commit(store_dir, key, info)
     return TokenizeReport(
         TokenStore.open(folder), report.rows_read, report.bad_rows, texts_cut=report.texts_cut
+    )
+
+
+_TEXT_FORMATS = ("auto", "chat", "prompt-completion")
+
+
+def _same_samples(made_with: str | None, wanted: str, kinds) -> bool:
+    """Whether a store made with the format ``made_with`` holds the samples the format ``wanted`` would
+    make of rows of ``kinds`` (`tightpack.prepare.formats.row_kind`): ``auto`` reads each row as its
+    kind, the others read every row as themselves. ``chat`` rows only: ``auto`` and ``chat`` agree.
+
+    >>> _same_samples("chat", "auto", ["chat"]), _same_samples("chat", "auto", ["chat", "prompt-completion"])
+    (True, False)
+    """
+    if made_with is None:
+        return False
+    return all(
+        (kind if made_with == "auto" else made_with) == (kind if wanted == "auto" else wanted)
+        for kind in kinds
     )
 
 

@@ -39,7 +39,7 @@ from tightpack.prepare.pretokenized import TOKENS_KEY
 from tightpack.prepare.rendered import Rendered, RowError, _bounded
 from tightpack.prepare.vision_rows import MediaError, MediaItem, VisionSpec, vision_row
 
-__all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row", "run_format"]
+__all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row", "row_kind", "run_format"]
 
 Format = Literal["auto", "prompt-completion", "chat", "tokens"]
 LossOn = Literal["assistant", "last-turn", "all"]
@@ -138,7 +138,7 @@ def render_row(
         raise RowError(f"expected a JSON object, got {type(row).__name__}")
     kind = config.format
     if kind == "auto":
-        kind = "chat" if config.messages_key in row else "prompt-completion"
+        kind = row_kind(row, config)
     media: tuple[MediaItem, ...] = ()
     if kind == "chat" and config.vision is not None:
         try:
@@ -153,6 +153,13 @@ def render_row(
         return rendered
     _check_placeholders(rendered.text, media, config.vision)
     return dataclasses.replace(rendered, media=media)
+
+
+def row_kind(row: dict, config: FormatConfig) -> str:
+    """What ``auto`` reads an object row as: ``chat`` (it has the messages key) or
+    ``prompt-completion``. Rows of one kind give the same samples under ``auto`` as under that format
+    (so `tightpack.pipeline` reuses one token store for both)."""
+    return "chat" if config.messages_key in row else "prompt-completion"
 
 
 def run_format(config: FormatConfig, first_row: Any) -> FormatConfig:
