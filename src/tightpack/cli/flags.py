@@ -45,6 +45,8 @@ FLAGS = {
     "truncation_method": "--truncation-method",
     "chat_truncation": "--chat-truncation",
     "vision": "--vision-processor",
+    "model='qwen2_vl'": "--vision qwen2_vl",
+    "media_root": "--media-root",
     "tokenizer": "--tokenizer",
     "tokenizer=None": "no --tokenizer",
     "tokenizer=PATH": "--tokenizer PATH",

@@ -55,7 +55,7 @@ class BadRow:
     reason: str
 
 
-BAD_ROW_PARAMETERS = ("skip_bad_lines=True", "input_key/output_key or format")
+BAD_ROW_PARAMETERS = ("skip_bad_lines=True", "input_key/output_key or format", "media_root")
 """The settings a bad row's reason and `bad_row_error` may name (`TightpackError.parameters`)."""
 
 
