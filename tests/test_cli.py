@@ -613,9 +613,12 @@ def test_a_pack_smaller_than_the_fixed_template_text_names_the_cause(tmp_path):
         for i in range(3)
     ]
     source = write_jsonl(tmp_path / "chat.jsonl", rows)
-    line = error_line(
-        run_cli("pack", source, "-o", tmp_path / "out", "--pack-size", "16", "--workers", "1", cwd=tmp_path)
-    )
+
+    def pack(size: int, name: str):
+        out = tmp_path / name
+        return run_cli("pack", source, "-o", out, "--pack-size", str(size), "--workers", "1", cwd=tmp_path)
+
+    line = error_line(pack(16, "out"))
     match = re.fullmatch(
         r"error: no sample left to pack \(3 rows in, 0 bad, 0 too long, 3 without supervised tokens\): "
         r"3 samples lost every supervised token to truncation: the text truncation never trims \(the chat "
@@ -627,21 +630,18 @@ def test_a_pack_smaller_than_the_fixed_template_text_names_the_cause(tmp_path):
     )
     assert match, line
     fixed = int(match.group(1))
-    assert fixed >= 16
-    # at a pack size with room for the fixed text and the answer, every sample is packed whole
-    room = run_cli(
-        "pack",
-        source,
-        "-o",
-        tmp_path / "room",
-        "--pack-size",
-        str(fixed + 16),
-        "--workers",
-        "1",
-        cwd=tmp_path,
-    )
-    assert room.returncode == 0, room.stderr
-    assert summary_value(room.stdout, "dropped (no supervised token)") == "0"
+    # exact: a cap of fixed - 1 (fixed stored tokens) keeps no answer token, a cap of fixed keeps one
+    assert pack(fixed - 1, "below").returncode == 2
+    at = pack(fixed, "at")
+    assert at.returncode == 0, at.stderr
+    assert summary_value(at.stdout, "dropped (no supervised token)") == "0"
+    # with a sample that fits, the run packs it and the note is a warning
+    short = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}]
+    write_jsonl(source, rows + short)
+    some = pack(16, "some")
+    assert some.returncode == 0, some.stderr
+    assert summary_value(some.stdout, "  none left after truncation") == "3"
+    assert "warning: 3 samples lost every supervised token to truncation: the text" in some.stderr
 
 
 def test_format_auto_reads_pre_tokenized_rows_as_tokens(tmp_path):
