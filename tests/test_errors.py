@@ -15,6 +15,8 @@ from tightpack.cli.flags import FLAGS, cli_text
 from tightpack.errors import TightpackError
 from tightpack.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
+from tightpack.prepare.vision_rows import VisionSpec
+from tightpack.prepare.vision_sizes import VisionSizes
 
 from .conftest import run_main, write_jsonl
 
@@ -34,6 +36,11 @@ BAD_PACK_CONFIGS = {
     "address-without-ray": {"ray_address": "auto"},
     "output-format": {"output_format": "csv"},
     "cap-below-multiple": {"max_seq_length": 7, "pad_seq_to_mult": 8},
+    "vision-on-ray": {
+        "format": FormatConfig(vision=VisionSpec(VisionSizes("qwen2_vl"))),
+        "engine": "ray",
+        "output_format": "npy",
+    },
 }
 BAD_FORMATS = {
     "format": {"format": "x"},

@@ -149,8 +149,8 @@ class PackConfig:
         check_choice("output_format", self.output_format, get_args(OutputFormat))
         if self.format.vision is not None and (self.engine != "local" or self.output_format != "parquet"):
             raise TightpackError(
-                "vision packing (vision) writes packed Parquet with the local engine; drop engine='ray' "
-                "and output_format='npy'",
+                "packing images and videos (vision) writes packed Parquet with the local engine; drop "
+                "engine='ray' and output_format='npy'",
                 parameters=("vision", "engine='ray'", "output_format='npy'"),
             )
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
