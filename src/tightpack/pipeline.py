@@ -20,7 +20,6 @@ too long for any cap (`_text_budget`) loses its middle before tokenizing.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 import time
@@ -33,20 +32,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tightpack import __version__
 from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.cost_model import cost_spread
 from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
-from tightpack.core.store_cache import StoreCache, claim
-from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore
+from tightpack.core.store_cache import claim
 from tightpack.errors import TightpackError
 from tightpack.output_folder import (
     MANIFEST_NAME,
     METADATA_NAME,
     check_publishable,
-    os_error_message,
     output_lock,
     publish,
     sweep_work,
@@ -55,10 +51,11 @@ from tightpack.pack_config import PackConfig
 from tightpack.pack_output import build_manifest, write_packs
 from tightpack.prepare.formats import run_format
 from tightpack.prepare.sources import first_row, open_sources
-from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes, tokenize_to_store
+from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
 from tightpack.sample_accounting import account_samples, truncation_loss_note
+from tightpack.store_reuse import tokenize_reusing_store
 
 __all__ = [
     "MANIFEST_NAME",
@@ -309,37 +306,12 @@ def _run_config(config: PackConfig, sources) -> PackConfig:
     return dataclasses.replace(config, format=resolved)
 
 
-def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
-    """Fingerprint of what decides the token store; None when an input has no content fingerprint."""
-    identities = [source.identity for source in sources]
-    if config.format.vision is not None:  # the media files are not fingerprinted: tokenize anew
-        return None
-    if not all("sha256" in identity or "fingerprint" in identity for identity in identities):
-        return None
-    # Chat, prompt-completion and auto share a key: which of them made a store, and the kinds of its
-    # rows, are in its information, and `_same_samples` tells whether it serves this run.
-    format_settings = config.settings()["format"]
-    if format_settings["format"] in _TEXT_FORMATS:
-        format_settings["format"] = "text"
-    decisive = [
-        identities,
-        spec.fingerprint,
-        format_settings,
-        config.skip_bad_lines,
-        __version__,
-        STORE_FORMAT_VERSION,
-    ]
-    return hashlib.sha256(json.dumps(decisive, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def _tokenize(
     sources, spec: TokenizerSpec, config: PackConfig, staging: Path, progress, warnings: list[str], ray_run
 ) -> TokenizeReport:
-    """The token store of the inputs: reused from the cache when it holds one, else tokenized.
-
-    An unwritable cache turns reuse off for the run (a warning), it does not stop it. On Ray
-    (``ray_run``) the store is the parts the workers write into the staging folder; the cache, a
-    folder of this machine, is not used.
+    """The token store of the inputs: reused from the cache when it holds one, else tokenized
+    (`tightpack.store_reuse`). On Ray (``ray_run``) the store is the parts the workers write into the
+    staging folder; the cache, a folder of this machine, is not used.
     """
     if ray_run is not None:
         from tightpack.ray_engine import LongSamples
@@ -355,76 +327,15 @@ def _tokenize(
             skip_bad_rows=config.skip_bad_lines,
             on_rows=progress.advance,
         )
-    key = _store_key(sources, spec, config) if config.reuse_store else None
-    cache = StoreCache(default_cache_dir() / "stores")
-    budget = _text_budget(spec, config)
-    store_dir = staging / "_store"
-    if key is not None:
-        try:
-            store_dir = cache.new_partial()
-        except OSError as error:
-            warnings.append(
-                f"token store reuse is off: the cache cannot be written ({os_error_message(error)})"
-            )
-            key = None
-    if key is not None and (hit := cache.lookup(key)) is not None:
-        folder, info = hit
-        same = _same_samples(info.get("format"), config.format.format, info.get("kinds", ()))
-        if same and (not info["texts_cut"] or budget <= info["text_budget"]):
-            shutil.rmtree(store_dir, ignore_errors=True)
-            progress.advance(info["rows_read"])
-            bad_rows = [BadRow(**row) for row in info["bad_rows"]]
-            store = TokenStore.open(folder)
-            return TokenizeReport(
-                store, info["rows_read"], bad_rows, reused=True, texts_cut=info["texts_cut"]
-            )
-        shutil.rmtree(folder, ignore_errors=True)  # other samples, or cut texts too short for this cap
-    try:
-        report = tokenize_to_store(
-            _chunks(sources),
-            spec,
-            config.format,
-            store_dir,
-            workers=config.workers,
-            skip_bad_rows=config.skip_bad_lines,
-            on_rows=progress.advance,
-            text_budget=budget,
-        )
-    except BaseException:
-        shutil.rmtree(store_dir, ignore_errors=True)
-        raise
-    if key is None:
-        return report
-    info = {
-        "rows_read": report.rows_read,
-        "bad_rows": [asdict(row) for row in report.bad_rows],
-        "texts_cut": report.texts_cut,
-        "text_budget": budget,
-        "format": config.format.format,
-        "kinds": sorted(report.kinds),
-    }
-    folder = cache.commit(store_dir, key, info)
-    return TokenizeReport(
-        TokenStore.open(folder), report.rows_read, report.bad_rows, texts_cut=report.texts_cut
-    )
-
-
-_TEXT_FORMATS = ("auto", "chat", "prompt-completion")
-
-
-def _same_samples(made_with: str | None, wanted: str, kinds) -> bool:
-    """Whether a store made with the format ``made_with`` holds the samples the format ``wanted`` would
-    make of rows of ``kinds`` (`tightpack.prepare.formats.row_kind`): ``auto`` reads each row as its
-    kind, the others read every row as themselves. ``chat`` rows only: ``auto`` and ``chat`` agree.
-
-    >>> _same_samples("chat", "auto", ["chat"]), _same_samples("chat", "auto", ["chat", "prompt-completion"])
-    (True, False)
-    """
-    if made_with is None:
-        return False
-    return all(
-        (kind if made_with == "auto" else made_with) == (kind if wanted == "auto" else wanted)
-        for kind in kinds
+    return tokenize_reusing_store(
+        sources,
+        lambda: _chunks(sources),
+        spec,
+        config,
+        staging,
+        progress,
+        warnings,
+        _text_budget(spec, config),
     )
 
 
