@@ -6,6 +6,7 @@ message with its flags in their place (`tightpack.cli.flags`).
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 
@@ -102,3 +103,17 @@ def test_a_bad_row_names_skip_bad_lines_in_each_spelling(tmp_path):
     assert run.stderr.rstrip().endswith(
         "set --input-key/--output-key or --format (fix the row, or pass --skip-bad-lines)"
     ), run.stderr
+
+
+def test_a_skipped_row_is_listed_with_flags_and_recorded_in_python_words(tmp_path):
+    source = tmp_path / "rows.jsonl"
+    source.write_text('{"prompt": "q", "output": "a"}\n{"input": "q", "output": "a"}\n')
+    args = ["pack", source, "-o", tmp_path / "out", "--pack-size", "64", "--workers", "1", "--skip-bad-lines"]
+    run = run_main(args)
+    assert run.returncode == 0, run.stderr
+    reason = "missing key 'input' (keys found: output, prompt); set {} or {}"
+    assert run.stderr.splitlines() == [
+        f"skipped {source}:1: " + reason.format("--input-key/--output-key", "--format")
+    ]
+    [bad] = json.loads((tmp_path / "out" / "manifest.json").read_text())["bad_rows"]
+    assert bad["reason"] == reason.format("input_key/output_key", "format")
