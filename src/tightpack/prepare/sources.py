@@ -175,19 +175,24 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
 
     sources = []
     used_split = False
-    given: dict[Path, str] = {}  # each input file (resolved) -> the argument that named it
-    for item in itertools.chain([first], items):
-        item = saved_dataset(item)
+    given: dict[Any, str] = {}  # each input file (resolved) or dataset (fingerprint) -> its argument
+    for argument in itertools.chain([first], items):
+        item = saved_dataset(argument)
         kind = datasets_kind(item)
-        if kind == "dict":
-            name, chosen = pick_split(item, split)
-            sources.append(dataset_source(chosen, datasets_kind(chosen), str(name)))
-            used_split = True
-        elif kind is not None:
-            sources.append(dataset_source(item, kind))
+        if kind is not None:
+            if kind == "dict":
+                name, item = pick_split(item, split)
+                source = dataset_source(item, datasets_kind(item), str(name))
+                used_split = True
+            else:
+                source = dataset_source(item, kind)
+            if "fingerprint" in source.identity:  # the same dataset (its content) given twice
+                shown = str(argument) if isinstance(argument, (str, Path)) else source.name
+                _check_given_once(source.identity["fingerprint"], source.name, shown, given)
+            sources.append(source)
         elif isinstance(item, (str, Path)):
             for path in _expand(item):
-                _check_given_once(path, item, given)
+                _check_given_once(path.resolve(), str(path), str(item), given)
                 sources.append(file_source(path))
         elif isinstance(item, dict):
             raise TightpackError(
@@ -234,17 +239,17 @@ def _check_split_used(split: str | None, *, used: bool) -> None:
         )
 
 
-def _check_given_once(path: Path, item: str | Path, given: dict[Path, str]) -> None:
-    """Refuse an input file that an earlier argument already named (the same path, another spelling
-    of it, or a pattern matching it): it would be packed twice."""
-    resolved = path.resolve()
-    if resolved not in given:
-        given[resolved] = str(item)
+def _check_given_once(key: Any, what: str, argument: str, given: dict[Any, str]) -> None:
+    """Refuse an input (a resolved file path, or a dataset's fingerprint) that an earlier argument
+    already named (the same path, another spelling of it, a pattern matching it, the same dataset):
+    it would be packed twice."""
+    if key not in given:
+        given[key] = argument
         return
-    first, second = given[resolved], str(item)
-    how = f"twice as {first!r}" if first == second else f"by both {first!r} and {second!r}"
+    first = given[key]
+    how = f"twice as {first!r}" if first == argument else f"by both {first!r} and {argument!r}"
     raise TightpackError(
-        f"input {str(path)!r} is given {how}: it would be packed twice; give each input once "
+        f"input {what!r} is given {how}: it would be packed twice; give each input once "
         "(repeating a dataset on purpose will come with dataset weights)"
     )
 
