@@ -28,6 +28,8 @@ class TightpackError(ValueError):
         self.parameters = tuple(parameters)
 
     def __reduce__(self):  # a worker process's error keeps its parameters on the way back
+        if type(self).__init__ is not TightpackError.__init__:  # a subclass with arguments of its own
+            return super().__reduce__()
         return _rebuild, (type(self), str(self), self.parameters)
 
 
