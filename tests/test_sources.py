@@ -291,7 +291,8 @@ def test_the_same_dataset_given_twice_is_an_error(tmp_path):
     ):
         open_sources([dataset, dataset])
     dataset.save_to_disk(str(tmp_path / "saved"))
-    with pytest.raises(TightpackError, match=r"^input 'dataset in memory' is given twice as '.*saved': it would be packed"):
+    twice = r"^input 'dataset in memory' is given twice as '.*saved': it would be packed twice"
+    with pytest.raises(TightpackError, match=twice):
         open_sources([tmp_path / "saved", str(tmp_path / "saved")])
     assert len(open_sources([dataset, dataset.map(lambda row: {"output": "b"})])) == 2
 
