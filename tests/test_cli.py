@@ -209,15 +209,16 @@ class TestUserErrors:
                     "--pad-seq-to-mult",
                     "8",
                 ],
-                r"^error: max_seq_length \(7\) must be at least the effective padding multiple \(8\)",
+                r"^error: --max-seq-length \(7\) must be at least the effective padding multiple \(8\); "
+                r"raise the length or lower --pad-seq-to-mult / the parallel sizes$",
             ),
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "8", "--cp", "8"],
-                r"^error: max_seq_length \(8\) must be at least the effective padding multiple \(16\)",
+                r"^error: --max-seq-length \(8\) must be at least the effective padding multiple \(16\)",
             ),
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--tp", "0"],
-                r"^error: tp must be a positive integer, got 0$",
+                r"^error: --tp must be a positive integer, got 0$",
             ),
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--workers", "-1"],
@@ -252,6 +253,32 @@ class TestUserErrors:
             (
                 ["{inputs}/absent.jsonl", "-o", "out", "--pack-size", "64"],
                 r"^error: input '.*absent\.jsonl' does not exist or is not a file$",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "{inputs}/good.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: input '.*good\.jsonl' is given twice as '.*good\.jsonl': it would be packed "
+                r"twice; give each input once \(repeating a dataset on purpose will come with dataset "
+                r"weights\)$",
+                id="same-input-twice",
+            ),
+            pytest.param(
+                ["{inputs}/good.jsonl", "{inputs}/g*.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: input '.*good\.jsonl' is given by both '.*inputs/good\.jsonl' and "
+                r"'.*inputs/g\*\.jsonl': it would be packed twice",
+                id="path-and-pattern",
+            ),
+            pytest.param(
+                ["existing", "-o", "out", "--pack-size", "64"],
+                r"^error: input 'existing' is a packed folder \(tightpack's manifest\.json, or "
+                r"Megatron-Bridge's metadata\), not rows: inputs are JSONL or Parquet rows; to see the "
+                r"packs run `tightpack inspect existing`, to re-pack give the rows they were packed from$",
+                id="packed-folder-input",
+            ),
+            pytest.param(
+                ["{inputs}", "-o", "out", "--pack-size", "64"],
+                r"^error: input '.*inputs' is a folder: give its files, or a pattern such as "
+                r"'.*inputs/\*\.jsonl'$",
+                id="folder-input",
             ),
             pytest.param(
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--format", "xml"],
@@ -415,6 +442,19 @@ class TestInspect:
         assert summary["pack_size"] is None
         assert "efficiency" not in summary
 
+    def test_megatron_bridge_folder_gives_the_pack_size_of_its_metadata(self, tmp_path):
+        """Megatron-Bridge writes ``<P>_metadata.jsonl`` next to its packs: its ``pack_size`` is used."""
+        folder = write_megatron_bridge_folder(tmp_path / "mb")
+        metadata = [{"dataset_max_seqlen": 4, "max_samples_per_bin": 2, "pack_size": 8}]
+        (folder / "8_metadata.jsonl").write_text(json.dumps(metadata))
+        summary = json.loads(run_cli("inspect", folder, "--json", cwd=tmp_path).stdout)
+        assert (summary["pack_size"], summary["efficiency"]) == (8, 9 / 16)
+        table = run_cli("inspect", folder, cwd=tmp_path)
+        assert summary_value(table.stdout, "pack size") == "8"
+        assert summary_value(table.stdout, "efficiency") == "56.25%"
+        given = json.loads(run_cli("inspect", folder, "--pack-size", 5, "--json", cwd=tmp_path).stdout)
+        assert given["pack_size"] == 5, "--pack-size wins over the metadata"
+
     @pytest.mark.parametrize(
         ("make", "message"),
         [
@@ -533,3 +573,99 @@ def test_summary_gives_the_tight_lower_bound_when_samples_exceed_half_a_pack(tmp
     assert result.returncode == 0, result.stderr
     # no two samples share a pack: the volume bound (3) is not reachable, L2 (5) is, and is reached
     assert summary_value(result.stdout, "packs (lower bound)") == "5 (volume 3, L2 5; gap 0)"
+    efficiency, at_bound = re.fullmatch(
+        r"(\d+\.\d\d%) \(at the lower bound: (\d+\.\d\d%)\)", summary_value(result.stdout, "efficiency")
+    ).groups()
+    assert at_bound == efficiency, "the bound the packs row gives (L2: 5 packs), not the volume bound (3)"
+
+
+# --- issue 26: rows and tools ------------------------------------------------------------------------
+
+
+def packed_texts(folder: Path) -> list[str]:
+    """The text of every packed row of ``folder`` (built-in GPT-2 tokenizer)."""
+    from tightpack.prepare.tokenizer import load_tokenizer
+
+    backend = load_tokenizer(None).backend
+    rows = pq.read_table(folder / "packs-00000.idx.parquet").column("input_ids").to_pylist()
+    return [backend.decode(row, skip_special_tokens=False) for row in rows]
+
+
+def test_a_prompt_template_typed_with_backslash_n_gets_a_newline(tmp_path):
+    """A shell passes ``"Q: {input}\\nA: {output}"`` as a backslash and an n: decoded, not trained on."""
+    source = write_jsonl(tmp_path / "one.jsonl", [{"input": "hi", "output": "yo"}])
+    template = r"Q: {input}\nA:\t{output}"
+    result = run_cli(
+        "pack", source, "-o", tmp_path / "out", "--pack-size", "64", "--workers", "1",
+        "--prompt-template", template, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert packed_texts(tmp_path / "out") == ["Q: hi\nA:\tyo<|endoftext|>"]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["settings"]["format"]["prompt_template"] == "Q: {input}\nA:\t{output}"
+
+
+def test_a_pack_smaller_than_the_fixed_template_text_names_the_cause(tmp_path):
+    """A system turn the template always keeps, longer than the cap: no answer token can stay."""
+    system = {"role": "system", "content": "You are a careful assistant who answers every question in detail"}
+    rows = [
+        {"messages": [system, {"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "ok"}]}
+        for i in range(3)
+    ]
+    source = write_jsonl(tmp_path / "chat.jsonl", rows)
+
+    def pack(size: int, name: str):
+        out = tmp_path / name
+        return run_cli("pack", source, "-o", out, "--pack-size", str(size), "--workers", "1", cwd=tmp_path)
+
+    line = error_line(pack(16, "out"))
+    match = re.fullmatch(
+        r"error: no sample left to pack \(3 rows in, 0 bad, 0 too long, 3 without supervised tokens\): "
+        r"3 samples lost every supervised token to truncation: the text truncation never trims \(the chat "
+        r"template's fixed tokens such as the system turn and role headers, or a prompt template's text and "
+        r"its fields that are not truncation fields\) is (\d+) tokens or more before the answer in each, "
+        r"over the cap of 16 tokens; raise the pack size \(and the per-sample cap\) above that, or shorten "
+        r"that fixed text",
+        line,
+    )
+    assert match, line
+    fixed = int(match.group(1))
+    # exact: a cap of fixed - 1 (fixed stored tokens) keeps no answer token, a cap of fixed keeps one
+    assert pack(fixed - 1, "below").returncode == 2
+    at = pack(fixed, "at")
+    assert at.returncode == 0, at.stderr
+    assert summary_value(at.stdout, "dropped (no supervised token)") == "0"
+    # with a sample that fits, the run packs it and the note is a warning
+    short = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}]
+    write_jsonl(source, rows + short)
+    some = pack(16, "some")
+    assert some.returncode == 0, some.stderr
+    assert summary_value(some.stdout, "  none left after truncation") == "3"
+    assert "warning: 3 samples lost every supervised token to truncation: the text" in some.stderr
+
+
+def test_format_auto_reads_pre_tokenized_rows_as_tokens(tmp_path):
+    """Rows of ``input_ids`` (and ``loss_mask``) are packed by ``--format auto`` as by ``--format tokens``,
+    from a file or from a generator (whose first row is looked at without being lost)."""
+    from tightpack.pipeline import PackConfig, pack_dataset
+
+    rows = [{"input_ids": [10 + i, 20, 30, 40], "loss_mask": [0, 0, 1, 1]} for i in range(6)]
+    source = write_jsonl(tmp_path / "ids.jsonl", rows)
+    outputs = {}
+    for name in ("auto", "tokens"):
+        run = run_cli(
+            "pack", source, "-o", tmp_path / name, "--pack-size", "16", "--format", name, "--workers", "1",
+            "--no-reuse", cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        outputs[name] = (tmp_path / name / "packs-00000.idx.parquet").read_bytes()
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        assert manifest["settings"]["format"]["format"] == "tokens"
+    assert outputs["auto"] == outputs["tokens"]
+    ids = pq.read_table(tmp_path / "auto" / "packs-00000.idx.parquet").column("input_ids").to_pylist()
+    assert sorted(id_ for pack in ids for id_ in pack) == sorted(
+        [id_ for row in rows for id_ in row["input_ids"]] + [50256] * 6  # the ids as they are, + EOS each
+    )
+    result = pack_dataset((row for row in rows), tmp_path / "generator", PackConfig(packed_sequence_size=16))
+    assert result.counts["packed"] == 6
+    assert (tmp_path / "generator" / "packs-00000.idx.parquet").read_bytes() == outputs["tokens"]

@@ -105,7 +105,7 @@ class TestPromptCompletion:
             render_row(row, FormatConfig(), None, {})
 
     def test_missing_custom_key_suggests_the_option(self):
-        with pytest.raises(RowError, match=r"missing key 'answer' .*set --input-key/--output-key"):
+        with pytest.raises(RowError, match=r"missing key 'answer' .*set input_key/output_key or format$"):
             render_row({"question": "q"}, FormatConfig(input_key="question", output_key="answer"), None, {})
 
     @pytest.mark.parametrize(
@@ -145,11 +145,11 @@ class TestPromptCompletion:
 
     def test_unknown_format_and_loss_on(self):
         with pytest.raises(
-            TightpackError, match=r"--format must be one of auto, prompt-completion, chat, tokens; got 'x'"
+            TightpackError, match=r"^format must be one of auto, prompt-completion, chat, tokens; got 'x'$"
         ):
             FormatConfig(format="x")  # type: ignore[arg-type]
         with pytest.raises(
-            TightpackError, match=r"--loss-on must be one of assistant, last-turn, all; got 'y'"
+            TightpackError, match=r"^loss_on must be one of assistant, last-turn, all; got 'y'$"
         ):
             FormatConfig(loss_on="y")  # type: ignore[arg-type]
 

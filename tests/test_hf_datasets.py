@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,3 +94,21 @@ def test_tightpack_packs_as_a_dataset_give_the_collator_the_same_batch(tmp_path,
     ours, theirs = collator([packs[i] for i in range(2)]), collator([table[i] for i in range(2)])
     for key in ("input_ids", "position_ids", "labels", "shift_labels", "cu_seq_lens_q"):
         assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_without_datasets_to_hf_dataset_names_the_extra_that_installs_it(tmp_path):
+    """``datasets`` is hidden from a fresh interpreter (``sys.modules`` entry None: import fails)."""
+    code = (
+        "import sys; sys.modules['datasets'] = None\n"
+        "from tightpack import to_hf_dataset\n"
+        "try:\n    to_hf_dataset('packed')\n"
+        "except ImportError as error:\n    print(type(error).__name__, error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout.strip() == (
+        "ImportError to_hf_dataset needs the datasets package: pip install 'tightpack[hf]' "
+        "(or pip install datasets)"
+    ), done.stderr
+    project = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    hf = re.search(r"^hf = \[(.*?)^\]", project, re.M | re.S).group(1)
+    assert re.search(r'^\s*"datasets>=', hf, re.M), hf

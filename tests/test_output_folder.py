@@ -123,7 +123,7 @@ def test_the_root_folder_is_refused():
 def test_an_existing_output_needs_overwrite_and_must_be_tightpack_s(tmp_path):
     out = tightpack_output(tmp_path / "out")
     with pytest.raises(
-        TightpackError, match=r"^output '.*out' already exists; pass --overwrite to replace it$"
+        TightpackError, match=r"^output '.*out' already exists; pass overwrite=True to replace it$"
     ):
         check_publishable(out, False, [])
     assert check_publishable(out, True, []) == out
@@ -317,7 +317,7 @@ def test_publish_replaces_only_a_tightpack_output(tmp_path, monkeypatch, swap):
     out = tmp_path / "out"
     publish(staged(out, "first"), out)
     assert marker(out) == "first" and not (out / ".pid").exists()
-    with pytest.raises(TightpackError, match=r"^output '.*out' already exists; pass --overwrite"):
+    with pytest.raises(TightpackError, match=r"^output '.*out' already exists; pass overwrite=True"):
         publish(staged(out, "second"), out)
     publish(tmp_path / ".out.partial-testsecond", out, overwrite=True)
     assert marker(out) == "second"

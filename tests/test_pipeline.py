@@ -267,6 +267,37 @@ def test_a_repeated_pack_reuses_the_token_store_until_an_input_changes(tmp_path,
     assert len(stores) == 3 and not list((tmp_path / "cache" / "stores").glob(".partial-*"))
 
 
+def test_chat_and_auto_share_a_token_store_when_every_row_is_chat(tmp_path, chat_rows, monkeypatch):
+    """``auto`` reads a row with messages as chat: on chat rows only, both make the same samples, and
+    the second run reuses the first one's store, whichever came first; on rows of both kinds they do
+    not, and nothing is reused across them."""
+    monkeypatch.setenv("TIGHTPACK_CACHE", str(tmp_path / "cache"))
+    chat, auto = (
+        PackConfig(packed_sequence_size=256, format=FormatConfig(format=f)) for f in ("chat", "auto")
+    )
+    source = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    made = pack_dataset([source], tmp_path / "chat", chat)
+    reused = pack_dataset([source], tmp_path / "auto", auto)
+    assert not made.reused_store and reused.reused_store
+    shards = [
+        (folder / "packs-00000.idx.parquet").read_bytes() for folder in (tmp_path / "chat", tmp_path / "auto")
+    ]
+    assert shards[0] == shards[1]
+    other = write_jsonl(tmp_path / "other.jsonl", chat_rows[:20])
+    assert not pack_dataset([other], tmp_path / "auto-first", auto).reused_store
+    assert pack_dataset([other], tmp_path / "chat-second", chat).reused_store
+
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", chat_rows[:10] + [{"input": "q", "output": "a"}] * 5)
+    skip = {"packed_sequence_size": 256, "skip_bad_lines": True}
+    by_row = pack_dataset([mixed], tmp_path / "mixed-auto", PackConfig(**skip))
+    as_chat = pack_dataset(
+        [mixed], tmp_path / "mixed-chat", PackConfig(**skip, format=FormatConfig(format="chat"))
+    )
+    assert not as_chat.reused_store
+    assert (by_row.counts["bad_rows"], as_chat.counts["bad_rows"]) == (0, 5)
+    assert pack_dataset([mixed], tmp_path / "mixed-auto-again", PackConfig(**skip)).counts == by_row.counts
+
+
 def test_parquet_and_dataset_inputs_and_several_files(tmp_path, gpt2, prompt_completion_rows):
     import datasets
 
@@ -302,7 +333,7 @@ def test_existing_output_is_refused_then_replaced(tmp_path, prompt_completion_ro
     source = write_jsonl(tmp_path / "train.jsonl", prompt_completion_rows)
     out = tmp_path / "out"
     pack_dataset([source], out, PackConfig(packed_sequence_size=256))
-    with pytest.raises(TightpackError, match="already exists; pass --overwrite"):
+    with pytest.raises(TightpackError, match="already exists; pass overwrite=True"):
         pack_dataset([source], out, PackConfig(packed_sequence_size=256))
     pack_dataset([source], out, PackConfig(packed_sequence_size=512), overwrite=True)
     assert json.loads((out / MANIFEST_NAME).read_text())["settings"]["packed_sequence_size"] == 512
@@ -338,15 +369,18 @@ def test_bad_rows_stop_the_run_or_are_counted(tmp_path, prompt_completion_rows):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"packed_sequence_size": 1}, "--pack-size must be an integer of at least 2"),
-        ({"packed_sequence_size": 2**31}, r"--pack-size 2147483648 exceeds 2147483647 \(2\*\*31 - 1\)"),
+        ({"packed_sequence_size": 1}, "^packed_sequence_size must be an integer of at least 2"),
+        (
+            {"packed_sequence_size": 2**31},
+            r"^packed_sequence_size 2147483648 exceeds 2147483647 \(2\*\*31 - 1\)",
+        ),
         (
             {"packed_sequence_size": 65, "cp": 2, "pad_to_max_length": True},
             "not a multiple of the alignment multiple 4",
         ),
         (
             {"packed_sequence_size": 64, "max_seq_length": 65},
-            r"--max-seq-length \(65\) must be between 1 and --pack-size \(64\)",
+            r"^max_seq_length \(65\) must be between 1 and packed_sequence_size \(64\)$",
         ),
         (
             {"packed_sequence_size": 64, "max_seq_length": 7, "pad_seq_to_mult": 8},
@@ -358,12 +392,12 @@ def test_bad_rows_stop_the_run_or_are_counted(tmp_path, prompt_completion_rows):
         ),
         (
             {"packed_sequence_size": 64, "pad_seq_to_mult": 4, "tp": 2},
-            "either --pad-seq-to-mult or --tp/--cp/--sp",
+            "either pad_seq_to_mult or tp/cp/sp",
         ),
-        ({"packed_sequence_size": 64, "pad_cu_seqlens": True}, "--pad-cu-seqlens needs --pad-to-max-length"),
+        ({"packed_sequence_size": 64, "pad_cu_seqlens": True}, "^pad_cu_seqlens needs pad_to_max_length"),
         (
             {"packed_sequence_size": 64, "algorithm": "nope"},
-            "--algorithm must be one of bfd, .*; got 'nope'",
+            "^algorithm must be one of bfd, .*; got 'nope'",
         ),
     ],
 )

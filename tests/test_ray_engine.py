@@ -223,3 +223,39 @@ def test_runs_in_a_process_with_a_cluster_leave_it_running(tmp_path):
     for name in ("one", "two"):
         pack_dataset([source], tmp_path / name, config)
         assert ray.is_initialized() and ray.get_runtime_context().gcs_address == address
+
+
+def test_a_run_leaves_the_callers_data_context_and_environment_as_it_found_them(tmp_path, monkeypatch):
+    """Ended or failed, a run gives back the caller's Ray Data settings, logger level and environment."""
+    import logging
+
+    import ray.data
+
+    monkeypatch.delenv("RAY_DATA_USAGE_DISABLED")  # the caller has not set it: the run sets it for itself
+    context = ray.data.DataContext.get_current()
+    monkeypatch.setattr(context.execution_options, "preserve_order", False)
+    monkeypatch.setattr(context, "enable_progress_bars", True)
+    monkeypatch.setattr(context, "print_on_execution_start", True)
+    logger = logging.getLogger("ray.data")
+    monkeypatch.setattr(logger, "level", logging.INFO)
+
+    def found() -> tuple:
+        options = ray.data.DataContext.get_current().execution_options
+        return (
+            dict(os.environ),
+            options.preserve_order,
+            context.enable_progress_bars,
+            (context.print_on_execution_start),
+            logger.level,
+        )
+
+    before = found()
+    good = write_jsonl(tmp_path / "good.jsonl", [{"input": f"q {i}", "output": f"a {i}"} for i in range(20)])
+    config = PackConfig(packed_sequence_size=64, engine="ray", workers=1, reuse_store=False)
+    pack_dataset([good], tmp_path / "out", config)
+    assert found() == before
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input": "q", "output": "a"}\n{not json\n')
+    with pytest.raises(TightpackError, match=r"bad\.jsonl:2: malformed JSON"):
+        pack_dataset([bad], tmp_path / "failed", config)
+    assert found() == before

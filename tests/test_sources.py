@@ -281,6 +281,22 @@ def test_wrong_inputs_are_named(tmp_path):
         open_sources(3)
 
 
+def test_the_same_dataset_given_twice_is_an_error(tmp_path):
+    """As a file given twice (tests/test_cli.py), a dataset is packed once: the same content (its
+    fingerprint), whether as the same object or loaded again from the folder it was saved to."""
+    dataset = datasets.Dataset.from_list([{"input": "q", "output": "a"}])
+    with pytest.raises(
+        TightpackError,
+        match=r"^input 'dataset in memory' is given twice as 'dataset in memory': it would be packed twice",
+    ):
+        open_sources([dataset, dataset])
+    dataset.save_to_disk(str(tmp_path / "saved"))
+    twice = r"^input 'dataset in memory' is given twice as '.*saved': it would be packed twice"
+    with pytest.raises(TightpackError, match=twice):
+        open_sources([tmp_path / "saved", str(tmp_path / "saved")])
+    assert len(open_sources([dataset, dataset.map(lambda row: {"output": "b"})])) == 2
+
+
 MIXED_KINDS = {
     "parquet": lambda path: path,
     "Dataset": lambda path: datasets.Dataset(pq.read_table(path)),

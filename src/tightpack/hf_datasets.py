@@ -39,8 +39,16 @@ def to_hf_dataset(path: str | Path):
     """The packs at ``path`` (an output folder, file or glob) as a ``datasets.Dataset``, one row per pack.
 
     Use it with ``TrainingArguments(remove_unused_columns=False)`` and `PackingCollator`.
+
+    Raises:
+        ImportError: ``datasets`` is not installed (``pip install 'tightpack[hf]'``).
     """
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            "to_hf_dataset needs the datasets package: pip install 'tightpack[hf]' (or pip install datasets)"
+        ) from None
 
     files = resolve_parquet_spec(str(path))
     check_shards(files, name=str(path))

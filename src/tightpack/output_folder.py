@@ -148,7 +148,8 @@ def _acquire(lock: Path, output: str | os.PathLike) -> int:
             os.close(descriptor)
             raise TightpackError(
                 f"output {str(output)!r} is being written by another tightpack run ({holder}); wait for "
-                "it to end or choose another --output"
+                "it to end or choose another output",
+                parameters=("another output",),
             ) from None
         except BaseException:
             os.close(descriptor)
@@ -262,7 +263,10 @@ def check_publishable(
                 f"replaced as a whole, so write to a folder inside it, such as {str(target / 'packed')!r}"
             )
         if not overwrite:
-            raise TightpackError(f"output {shown} already exists; pass --overwrite to replace it")
+            raise TightpackError(
+                f"output {shown} already exists; pass overwrite=True to replace it",
+                parameters=("overwrite=True",),
+            )
         if not target.is_dir():
             raise TightpackError(
                 f"refusing to overwrite {shown}: it is not a folder, so not a tightpack output"
@@ -303,7 +307,8 @@ def _check_writable(target: Path, output: str | os.PathLike) -> None:
     except OSError as error:
         raise TightpackError(
             f"cannot write the output {shown}: {os_error_message(error)}; it is written next to its final "
-            "place and renamed into it, so choose an --output in a folder you can write to"
+            "place and renamed into it, so choose an output in a folder you can write to",
+            parameters=("an output",),
         ) from error
 
 
@@ -348,7 +353,8 @@ def _owned_files(folder: Path, output: str | os.PathLike) -> list[str]:
             named += f" and {len(foreign) - _SHOWN_NAMES} more"
         raise TightpackError(
             f"refusing to overwrite {str(output)!r}: it holds files tightpack did not write ({named}); "
-            "move them out of the folder or choose another --output"
+            "move them out of the folder or choose another output",
+            parameters=("another output",),
         )
     return _manifest_last(owned)
 
@@ -409,7 +415,10 @@ def publish(staging: str | os.PathLike, output: str | os.PathLike, *, overwrite:
         os.rename(staging, target)
         return
     if not overwrite:
-        raise TightpackError(f"output {str(output)!r} already exists; pass --overwrite to replace it")
+        raise TightpackError(
+            f"output {str(output)!r} already exists; pass overwrite=True to replace it",
+            parameters=("overwrite=True",),
+        )
     owned = _owned_files(target, output)
     (staging / PID_FILE).unlink(missing_ok=True)
     if _exchange(staging, target):

@@ -24,6 +24,9 @@ class PackConfig:
 
     Attributes:
         packed_sequence_size: pack capacity P in runtime tokens (``--pack-size``).
+
+    `validate` names the fields as written here (``max_seq_length``); the command line shows its
+    flags instead (``--max-seq-length``).
         max_seq_length: per-sample cap L in runtime tokens; None means P. Must be <= P.
         pad_seq_to_mult: per-sequence alignment multiple m; None derives it from tp/cp/sp.
         tp, cp, sp: tensor/context parallel sizes and sequence parallelism, for the derived m.
@@ -92,49 +95,63 @@ class PackConfig:
         """Check every setting before any work; raises `TightpackError` naming the setting and the fix."""
         size = self.packed_sequence_size
         if not isinstance(size, int) or size < 2:
-            raise TightpackError(f"--pack-size must be an integer of at least 2, got {size!r}")
+            raise TightpackError(
+                f"packed_sequence_size must be an integer of at least 2, got {size!r}",
+                parameters=("packed_sequence_size",),
+            )
         if size > MAX_PACK_SIZE:
             raise TightpackError(
-                f"--pack-size {size} exceeds {MAX_PACK_SIZE} (2**31 - 1): pack boundaries (cu_seqlens) are "
-                "int32; use a smaller pack size"
+                f"packed_sequence_size {size} exceeds {MAX_PACK_SIZE} (2**31 - 1): pack boundaries "
+                "(cu_seqlens) are int32; use a smaller pack size",
+                parameters=("packed_sequence_size",),
             )
         if self.max_seq_length is not None and not 1 <= self.max_seq_length <= size:
             raise TightpackError(
-                f"--max-seq-length ({self.max_seq_length}) must be between 1 and --pack-size ({size})"
+                f"max_seq_length ({self.max_seq_length}) must be between 1 and packed_sequence_size ({size})",
+                parameters=("max_seq_length", "packed_sequence_size"),
             )
         if self.pad_seq_to_mult is not None and self.pad_seq_to_mult < 1:
-            raise TightpackError(f"--pad-seq-to-mult must be a positive integer, got {self.pad_seq_to_mult}")
+            raise TightpackError(
+                f"pad_seq_to_mult must be a positive integer, got {self.pad_seq_to_mult}",
+                parameters=("pad_seq_to_mult",),
+            )
         if self.pad_seq_to_mult is not None and (self.tp, self.cp, self.sp) != (1, 1, False):
-            raise TightpackError("give either --pad-seq-to-mult or --tp/--cp/--sp, not both")
-        check_choice("--algorithm", self.algorithm, tuple(ALGORITHMS))
-        check_choice("--long-samples", self.long_samples, get_args(LongSamples))
+            raise TightpackError(
+                "give either pad_seq_to_mult or tp/cp/sp, not both",
+                parameters=("pad_seq_to_mult", "tp", "cp", "sp"),
+            )
+        check_choice("algorithm", self.algorithm, tuple(ALGORITHMS))
+        check_choice("long_samples", self.long_samples, get_args(LongSamples))
         if self.balance_costs is not None:
             self.cost_model  # noqa: B018 - raises on an unknown preset or a bad file
         if self.pad_to_max_length and size % self.multiple:
             raise TightpackError(
-                f"--pad-to-max-length pads every pack to --pack-size {size}, which is not a multiple of the "
-                f"alignment multiple {self.multiple}: the trailing padding segment would break "
-                f"context-parallel slicing (tightpack verify rejects it); use --pack-size "
-                f"{size // self.multiple * self.multiple} or {-(-size // self.multiple) * self.multiple}"
+                f"pad_to_max_length pads every pack to packed_sequence_size {size}, which is not a multiple "
+                f"of the alignment multiple {self.multiple}: the trailing padding segment would break "
+                f"context-parallel slicing (tightpack verify rejects it); use packed_sequence_size "
+                f"{size // self.multiple * self.multiple} or {-(-size // self.multiple) * self.multiple}",
+                parameters=("pad_to_max_length", "packed_sequence_size"),
             )
         if self.pad_cu_seqlens and not self.pad_to_max_length:
             raise TightpackError(
-                "--pad-cu-seqlens needs --pad-to-max-length (static shapes need a fixed width)"
+                "pad_cu_seqlens needs pad_to_max_length (static shapes need a fixed width)",
+                parameters=("pad_cu_seqlens", "pad_to_max_length"),
             )
-        check_choice("--engine", self.engine, get_args(Engine))
+        check_choice("engine", self.engine, get_args(Engine))
         if self.workers is None and self.engine != "ray":
             raise TightpackError("workers=None (one per CPU of the cluster) needs engine='ray'")
         if self.workers is not None and self.workers < 1:
-            raise TightpackError(f"--workers must be at least 1, got {self.workers}")
+            raise TightpackError(f"workers must be at least 1, got {self.workers}", parameters=("workers",))
         if self.ray_address is not None and self.engine != "ray":
-            raise TightpackError("--ray-address needs --engine ray")
+            raise TightpackError("ray_address needs engine='ray'", parameters=("ray_address", "engine='ray'"))
         if self.row_group_size is not None and self.row_group_size < 1:
             raise TightpackError(f"row_group_size must be at least 1, got {self.row_group_size}")
-        check_choice("--output-format", self.output_format, get_args(OutputFormat))
+        check_choice("output_format", self.output_format, get_args(OutputFormat))
         if self.format.vision is not None and (self.engine != "local" or self.output_format != "parquet"):
             raise TightpackError(
-                "vision packing (--vision-processor) writes packed Parquet with the local engine; drop "
-                "--engine ray and --output-format npy"
+                "packing images and videos (vision) writes packed Parquet with the local engine; drop "
+                "engine='ray' and output_format='npy'",
+                parameters=("vision", "engine='ray'", "output_format='npy'"),
             )
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
 

@@ -72,6 +72,20 @@ def _balance_costs(value: Any) -> list[str]:
     return ["--balance-costs", named[0] if named else "COST_MODEL.json"]
 
 
+def _prompt_template(value: Any) -> list[str]:
+    r"""The recorded template as the CLI reads it back (`tightpack.cli.options.decode_escapes`): a
+    backslash, a newline and a tab written as ``\\``, ``\n`` and ``\t``.
+
+    >>> from tightpack.cli.options import decode_escapes
+    >>> template = "Q: {input}\nA:\t\\n {output}"
+    >>> flag, word = _prompt_template(template)
+    >>> decode_escapes(shlex.split(word)[0]) == template
+    True
+    """
+    escaped = str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    return ["--prompt-template", _quote(escaped)]
+
+
 def _template_vars(value: Any) -> list[str]:
     """Recorded ``(name, value)`` pairs: one ``--template-var NAME=VALUE`` each, the value as JSON."""
     pairs = value.items() if isinstance(value, Mapping) else value
@@ -108,7 +122,7 @@ SETTING_FLAGS: dict[str, SettingFlag] = {
     "format.format": SettingFlag("--format"),
     "format.input_key": SettingFlag("--input-key"),
     "format.output_key": SettingFlag("--output-key"),
-    "format.prompt_template": SettingFlag("--prompt-template"),
+    "format.prompt_template": SettingFlag("--prompt-template", render=_prompt_template),
     "format.messages_key": SettingFlag("--messages-key"),
     "format.tools_key": SettingFlag("--tools-key"),
     "format.loss_on": SettingFlag("--loss-on"),

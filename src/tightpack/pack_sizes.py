@@ -35,9 +35,10 @@ from tightpack.core.stats import pack_stats
 from tightpack.errors import TightpackError
 from tightpack.pack_config import PackConfig
 from tightpack.pack_size_rows import SAME_TIME, PackSizeComparison, PackSizeRow, recommend, relative
-from tightpack.pipeline import Progress, TokenizedInputs, plan_kept, same_texts, text_budget, tokenize_inputs
+from tightpack.pipeline import Progress, TokenizedInputs, plan_kept, tokenize_inputs
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.sample_accounting import account_samples
+from tightpack.store_reuse import same_texts, text_budget
 
 __all__ = ["SAME_TIME", "PackSizeComparison", "PackSizeRow", "compare_pack_sizes"]
 

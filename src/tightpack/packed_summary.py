@@ -3,8 +3,9 @@
 Reads the rows column by column, one row group at a time, into per-pack and per-sequence counts
 (`read_pack_arrays`; 8 bytes per sequence and 32 per pack, never the tokens), then summarizes them
 (`summarize_pack_arrays`); `tightpack.plots` draws the same arrays. A tightpack output folder also
-has a manifest (settings, counts); a Megatron-Bridge output has neither, so the pack size is taken
-from ``--pack-size`` or from a metadata file when one is given.
+has a manifest (settings, counts); a Megatron-Bridge output has none, so the pack size is taken
+from ``pack_size`` (``--pack-size``), else from the folder's ``<P>_metadata.jsonl``
+(`tightpack.core.pack_manifest.read_pack_settings`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from tightpack.core import legacy_npy
 from tightpack.core.cost_model import CostModel, cost_spread
-from tightpack.core.pack_manifest import read_manifest, read_metadata
+from tightpack.core.pack_manifest import read_manifest, read_metadata, read_pack_settings
 from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
@@ -179,12 +180,13 @@ def summarize_packed(
 ) -> dict[str, Any]:
     """Summary of a packed dataset: files, packs, sequences, tokens, supervised tokens, fill.
 
-    ``path`` is a file, folder or glob. Runtime tokens of a row are its stored tokens minus one per
-    sequence (labels are the tokens shifted by one). ``pack_size`` defaults to the manifest's. With a
-    ``cost_model`` (a `CostModel`, a preset name or a JSON file), ``summary["cost"]`` gives the spread
-    of pack cost under it: mean, max / mean and coefficient of variation.
+        ``path`` is a file, folder or glob. Runtime tokens of a row are its stored tokens minus one per
+        sequence (labels are the tokens shifted by one). ``pack_size`` defaults to the manifest's, else to
+    the ``pack_size`` of a Megatron-Bridge folder's metadata. With a
+        ``cost_model`` (a `CostModel`, a preset name or a JSON file), ``summary["cost"]`` gives the spread
+        of pack cost under it: mean, max / mean and coefficient of variation.
 
-    ``read_pack_arrays`` then `summarize_pack_arrays`; call those two to keep the arrays (for plots).
+        ``read_pack_arrays`` then `summarize_pack_arrays`; call those two to keep the arrays (for plots).
     """
     model = None if cost_model is None else CostModel.resolve(cost_model)  # before reading anything
     return summarize_pack_arrays(read_pack_arrays(path), pack_size=pack_size, cost_model=model)
@@ -198,6 +200,8 @@ def summarize_pack_arrays(
     manifest = arrays.manifest
     if manifest is not None:
         pack_size = pack_size or manifest["settings"]["packed_sequence_size"]
+    elif pack_size is None and (recorded := read_pack_settings(arrays.files).pack_size) is not None:
+        pack_size = recorded.value  # a Megatron-Bridge folder's <P>_metadata.jsonl records it
     runtime, sequences = arrays.runtime, arrays.sequences
     summary: dict[str, Any] = {
         "path": arrays.path,

@@ -20,7 +20,6 @@ too long for any cap (`text_budget`) loses its middle before tokenizing.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 import time
@@ -33,31 +32,30 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tightpack import __version__
 from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.cost_model import cost_spread
 from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import PackPlan, plan_packs
 from tightpack.core.stats import PackStats, pack_stats
-from tightpack.core.store_cache import StoreCache, claim
-from tightpack.core.token_store import STORE_FORMAT_VERSION, TokenStore
+from tightpack.core.store_cache import claim
 from tightpack.errors import TightpackError
 from tightpack.output_folder import (
     MANIFEST_NAME,
     METADATA_NAME,
     check_publishable,
-    os_error_message,
     output_lock,
     publish,
     sweep_work,
 )
 from tightpack.pack_config import PackConfig
 from tightpack.pack_output import build_manifest, write_packs
-from tightpack.prepare.sources import open_sources
-from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, max_token_bytes, tokenize_to_store
+from tightpack.prepare.formats import run_format
+from tightpack.prepare.sources import first_row, open_sources
+from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
-from tightpack.sample_accounting import account_samples
+from tightpack.sample_accounting import account_samples, truncation_loss_note
+from tightpack.store_reuse import text_budget, tokenize_reusing_store
 
 __all__ = [
     "MANIFEST_NAME",
@@ -177,6 +175,7 @@ def tokenize_inputs(
     config.validate()
     spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
     sources = open_sources(inputs, split=split)
+    config = _run_config(config, sources)
     warnings: list[str] = []
     times: dict[str, float] = {}
     estimates = [source.estimated_rows for source in sources]
@@ -197,6 +196,7 @@ def _pack(
         if config.format.vision is not None:
             VisionTokenIds(config.format.vision, spec.backend)  # raises when the tokenizer lacks them
         sources = open_sources(inputs, split=split)
+        config = _run_config(config, sources)
 
     staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     claim(staging)
@@ -225,11 +225,16 @@ def _pack_into(
         if counts["samples_in"] == 0:
             names = ", ".join(source.name for source in sources)
             raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
+        lost = excluded["no_supervised_after_truncation"]
+        note = truncation_loss_note(store, lost, config.cap) if lost else None
         if not keep.any():
             raise TightpackError(
                 f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
                 f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
+                + (f": {note}" if note else "")
             )
+        if note:
+            notes.append(note)
         plan, cost_balance = plan_kept(aligned, keep, config)
         del keep  # the plan holds the kept samples now (the driver's memory per sample)
         stats = pack_stats(plan, aligned, config.packed_sequence_size)
@@ -292,32 +297,21 @@ def _balance(plan: PackPlan, lengths: np.ndarray, config: PackConfig) -> tuple[P
     return balanced, report
 
 
-def _store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:
-    """Fingerprint of what decides the token store; None when an input has no content fingerprint."""
-    identities = [source.identity for source in sources]
-    if config.format.vision is not None:  # the media files are not fingerprinted: tokenize anew
-        return None
-    if not all("sha256" in identity or "fingerprint" in identity for identity in identities):
-        return None
-    decisive = [
-        identities,
-        spec.fingerprint,
-        config.settings()["format"],
-        config.skip_bad_lines,
-        __version__,
-        STORE_FORMAT_VERSION,
-    ]
-    return hashlib.sha256(json.dumps(decisive, sort_keys=True, default=str).encode()).hexdigest()
+def _run_config(config: PackConfig, sources) -> PackConfig:
+    """``config`` with its format resolved for the run (`run_format`: ``auto`` on pre-tokenized inputs
+    is ``tokens``); the manifest records the format the rows were read as."""
+    resolved = run_format(config.format, first_row(sources)) if config.format.format == "auto" else None
+    if resolved is None or resolved is config.format:
+        return config
+    return dataclasses.replace(config, format=resolved)
 
 
 def _tokenize(
     sources, spec: TokenizerSpec, config: PackConfig, staging: Path, progress, warnings: list[str], ray_run
 ) -> TokenizeReport:
-    """The token store of the inputs: reused from the cache when it holds one, else tokenized.
-
-    An unwritable cache turns reuse off for the run (a warning), it does not stop it. On Ray
-    (``ray_run``) the store is the parts the workers write into the staging folder; the cache, a
-    folder of this machine, is not used.
+    """The token store of the inputs: reused from the cache when it holds one, else tokenized
+    (`tightpack.store_reuse`). On Ray (``ray_run``) the store is the parts the workers write into the
+    staging folder; the cache, a folder of this machine, is not used.
     """
     if ray_run is not None:
         from tightpack.ray_engine import LongSamples
@@ -333,55 +327,15 @@ def _tokenize(
             skip_bad_rows=config.skip_bad_lines,
             on_rows=progress.advance,
         )
-    key = _store_key(sources, spec, config) if config.reuse_store else None
-    cache = StoreCache(default_cache_dir() / "stores")
-    budget = text_budget(spec, config)
-    store_dir = staging / "_store"
-    if key is not None:
-        try:
-            store_dir = cache.new_partial()
-        except OSError as error:
-            warnings.append(
-                f"token store reuse is off: the cache cannot be written ({os_error_message(error)})"
-            )
-            key = None
-    if key is not None and (hit := cache.lookup(key)) is not None:
-        folder, info = hit
-        longest = int(TokenStore.open(folder).lengths.max(initial=0))
-        if same_texts(info["text_budget"], info["texts_cut"], longest, budget, config.cap):
-            shutil.rmtree(store_dir, ignore_errors=True)
-            progress.advance(info["rows_read"])
-            bad_rows = [BadRow(**row) for row in info["bad_rows"]]
-            store = TokenStore.open(folder)
-            return TokenizeReport(
-                store, info["rows_read"], bad_rows, reused=True, texts_cut=info["texts_cut"]
-            )
-        shutil.rmtree(folder, ignore_errors=True)  # its texts are not what this cap tokenizes
-    try:
-        report = tokenize_to_store(
-            _chunks(sources),
-            spec,
-            config.format,
-            store_dir,
-            workers=config.workers,
-            skip_bad_rows=config.skip_bad_lines,
-            on_rows=progress.advance,
-            text_budget=budget,
-        )
-    except BaseException:
-        shutil.rmtree(store_dir, ignore_errors=True)
-        raise
-    if key is None:
-        return report
-    info = {
-        "rows_read": report.rows_read,
-        "bad_rows": [asdict(row) for row in report.bad_rows],
-        "texts_cut": report.texts_cut,
-        "text_budget": budget,
-    }
-    folder = cache.commit(store_dir, key, info)
-    return TokenizeReport(
-        TokenStore.open(folder), report.rows_read, report.bad_rows, texts_cut=report.texts_cut
+    return tokenize_reusing_store(
+        sources,
+        lambda: _chunks(sources),
+        spec,
+        config,
+        staging,
+        progress,
+        warnings,
+        text_budget(spec, config),
     )
 
 
@@ -395,36 +349,6 @@ def _cluster(config: PackConfig) -> Iterator[Any]:
 
     with ray_cluster(config.ray_address, config.workers) as ray_run:
         yield ray_run
-
-
-def same_texts(store_budget: int, texts_cut: int, longest: int, budget: int, cap: int) -> bool:
-    """Whether a token store made with text budget ``store_budget`` holds the very samples a run with
-    ``budget`` and cap ``cap`` would tokenize (so its counts, ``tokens_in`` included, are that run's).
-
-    ``texts_cut``: samples of the store that lost their middle; ``longest``: its longest sample (stored
-    tokens). A field cut at ``budget`` has over ``2 * budget`` characters, so over ``2 * (cap + 1)``
-    tokens (a token covers at most ``max_token_bytes`` characters): a store whose samples are all
-    shorter, and none cut, is the same at any budget.
-
-    >>> same_texts(9000, 0, 300, 5000, 100), same_texts(9000, 0, 300, 5000, 149)
-    (False, True)
-    """
-    if budget == store_budget:
-        return True
-    if texts_cut:  # its cut texts keep another middle than this budget would
-        return False
-    return budget > store_budget or longest <= 2 * (cap + 1)
-
-
-def text_budget(spec: TokenizerSpec, config: PackConfig) -> int:
-    """Characters kept at each end of a field cut before tokenizing (`tightpack.prepare.formats._bounded`).
-
-    A sample keeps at most ``cap + 1`` tokens, and a token covers at most ``max_token_bytes`` bytes
-    (so at most that many characters): the tokens any truncation keeps from one end of a field lie in
-    its first or last ``(cap + 1) * max_token_bytes`` characters. The margin keeps the word that
-    straddles that bound whole. Fields within twice the budget are never cut.
-    """
-    return (config.cap + 1) * max_token_bytes(spec) + 4096
 
 
 @contextmanager

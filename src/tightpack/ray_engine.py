@@ -66,7 +66,8 @@ def _import_ray():
         import ray
     except ImportError:
         raise TightpackError(
-            "--engine ray needs Ray: pip install 'tightpack[ray]' (or run with --engine local)"
+            "engine='ray' needs Ray: pip install 'tightpack[ray]' (or run with engine='local')",
+            parameters=("engine='ray'", "engine='local'"),
         ) from None
     return ray
 
@@ -82,11 +83,20 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[RayRun]:
     ray = _import_ray()
     # Ray Data asks a Prometheus server for cluster metrics after every execution, for its usage
     # statistics: tightpack sends none and asks for none (a user may opt in by setting the variable).
-    os.environ.setdefault("RAY_DATA_USAGE_DISABLED", "1")
+    # A cluster of our own reports no usage statistics either. Both are set for the run only.
+    quiet = {"RAY_DATA_USAGE_DISABLED": "1"}
+    if address is None and not ray.is_initialized():
+        quiet["RAY_USAGE_STATS_ENABLED"] = "0"
+    with _environment_defaults(quiet):
+        with _connected(ray, address, workers) as run:
+            yield run
+
+
+@contextmanager
+def _connected(ray, address: str | None, workers: int | None) -> Iterator[RayRun]:
+    """`ray_cluster` once its environment is set."""
     started = False
     if not ray.is_initialized():
-        if address is None:  # a cluster of our own reports no usage statistics either
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         options = {
             "namespace": _NAMESPACE,
             "include_dashboard": False,
@@ -99,8 +109,9 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[RayRun]:
             ray.init(address=address, **options)
         except ConnectionError as error:
             raise TightpackError(
-                f"--ray-address {address}: cannot join a Ray cluster there ({error}); start one with "
-                "`ray start --head` or leave --ray-address out for a local cluster"
+                f"ray_address {address}: cannot join a Ray cluster there ({error}); start one with "
+                "`ray start --head` or leave ray_address out for a local cluster",
+                parameters=("ray_address",),
             ) from None
         started = True
     try:
@@ -109,6 +120,43 @@ def ray_cluster(address: str | None, workers: int | None) -> Iterator[RayRun]:
     finally:
         if started:
             ray.shutdown()
+
+
+@contextmanager
+def _environment_defaults(values: dict[str, str]) -> Iterator[None]:
+    """Environment variables set where the caller has not set them, as they were again at the end."""
+    added = [name for name in values if name not in os.environ]
+    os.environ.update({name: values[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+@contextmanager
+def _data_settings(ray_data) -> Iterator[None]:
+    """Ray Data set for tightpack's pass (input order kept, its own progress bars and log lines held
+    back: the run's progress is tightpack's to show), and the caller's settings back at the end,
+    whether the pass ends or fails."""
+    context = ray_data.DataContext.get_current()
+    options = context.execution_options
+    logger = logging.getLogger("ray.data")
+    saved = (
+        options.preserve_order,
+        context.enable_progress_bars,
+        context.print_on_execution_start,
+        logger.level,
+    )
+    options.preserve_order = True
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        options.preserve_order, context.enable_progress_bars, context.print_on_execution_start, level = saved
+        logger.setLevel(level)
 
 
 def _cpu_count() -> int:
@@ -163,18 +211,6 @@ class _Tokenizer:
             cut_long_samples(store, long, limit, self.long_samples.method, folder / _OVERLAY)
         summary = {"rows": rows, "texts_cut": texts_cut, "bad_rows": bad_rows}
         return {"part": np.array([part]), "summary": np.array([json.dumps(summary)])}
-
-
-def _quietly(rows: Iterator[dict]) -> Iterator[dict]:
-    """``rows`` with Ray Data's own log lines (execution started, finished, progress bars off) held
-    back: the run's progress is tightpack's to show."""
-    logger = logging.getLogger("ray.data")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield from rows
-    finally:
-        logger.setLevel(level)
 
 
 def _part_name(part: int) -> str:
@@ -249,26 +285,31 @@ class RayRun:
         _import_ray()
         import ray.data
 
-        context = ray.data.DataContext.get_current()
-        context.execution_options.preserve_order = True
-        context.enable_progress_bars = False
-        context.print_on_execution_start = False
+        with _data_settings(ray.data):
+            return self._tokenize(
+                ray.data, sources, chunks, encoder, parts, long_samples, chunk_rows, skip_bad_rows, on_rows
+            )
+
+    def _tokenize(
+        self, ray_data, sources, chunks, encoder, parts, long_samples, chunk_rows, skip_bad_rows, on_rows
+    ) -> TokenizeReport:
+        """`tokenize` once Ray Data is set for it."""
         pieces = _pieces(sources, chunks)
         parts.mkdir(parents=True, exist_ok=True)
         work = [{"part": part, "piece": pickle.dumps(piece)} for part, piece in enumerate(pieces)]
-        summaries = ray.data.from_items(work, override_num_blocks=max(1, len(work))).map_batches(
+        summaries = ray_data.from_items(work, override_num_blocks=max(1, len(work))).map_batches(
             _Tokenizer,
             fn_constructor_args=(encoder, str(parts), chunk_rows, long_samples),
             batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=min(self.actors, max(1, len(work)))),
+            compute=ray_data.ActorPoolStrategy(size=min(self.actors, max(1, len(work)))),
             num_cpus=1,
         )
         first_row, bad_rows, rows_read, texts_cut = [], [], 0, 0
-        for row in _quietly(summaries.iter_rows()) if work else ():
+        for row in summaries.iter_rows() if work else ():
             summary = json.loads(row["summary"])
             found = [BadRow(rows_read + row, where, why) for row, where, why in summary["bad_rows"]]
             if found and not skip_bad_rows:
-                raise TightpackError(bad_row_error(found[0]))
+                raise bad_row_error(found[0])
             bad_rows += found
             first_row.append(rows_read)
             rows_read += summary["rows"]

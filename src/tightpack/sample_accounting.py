@@ -16,11 +16,11 @@ from tightpack.core.alignment import aligned_lengths
 from tightpack.core.long_samples import LongSampleCut, cut_long_samples
 from tightpack.core.parted_store import PartedStore
 from tightpack.core.token_store import TokenStore
-from tightpack.core.truncation import REASONS
+from tightpack.core.truncation import ANSWER, KEEP, REASONS
 from tightpack.errors import TightpackError
 from tightpack.pack_config import PackConfig
 
-__all__ = ["account_samples"]
+__all__ = ["account_samples", "truncation_loss_note"]
 
 
 def account_samples(store: TokenStore | PartedStore, config: PackConfig, report, staging: Path):
@@ -43,8 +43,9 @@ def account_samples(store: TokenStore | PartedStore, config: PackConfig, report,
         first = np.flatnonzero(long)[:1]
         raise TightpackError(
             f"{int(long.sum())} samples are longer than the cap of {cap} tokens (first: source row "
-            f"{int(store.source_rows(first)[0])}, {int(real[first[0]])} tokens); use --long-samples "
-            "truncate|drop or a larger --pack-size/--max-seq-length"
+            f"{int(store.source_rows(first)[0])}, {int(real[first[0]])} tokens); set long_samples to "
+            "truncate or drop, or raise packed_sequence_size/max_seq_length",
+            parameters=("long_samples", "packed_sequence_size", "max_seq_length"),
         )
     dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
     if config.long_samples == "truncate" and config.format.vision is not None:
@@ -111,3 +112,49 @@ def account_samples(store: TokenStore | PartedStore, config: PackConfig, report,
     }
     overlay = cut.overlay
     return counts, keep, aligned, excluded, overlay
+
+
+def truncation_loss_note(store: TokenStore | PartedStore, rows: list[int], cap: int) -> str:
+    """Why the samples of source ``rows`` lost every supervised token to truncation, and the fix.
+
+    What truncation never trims (`tightpack.core.truncation`: template text, role headers, the
+    system turn, prompt fields that are not truncation fields) left no room for the answer under the
+    cap. With the local engine's store the note gives the smallest such fixed part among them.
+    """
+    note = (
+        f"{len(rows):,} samples lost every supervised token to truncation: the text truncation never "
+        "trims (the chat template's fixed tokens such as the system turn and role headers, or a prompt "
+        "template's text and its fields that are not truncation fields)"
+    )
+    if isinstance(store, TokenStore) and rows:
+        samples = np.searchsorted(store.source_index, np.asarray(rows, dtype=np.int64))
+        fixed = int(_fixed_tokens(store, samples).min())
+        note += f" is {fixed:,} tokens or more before the answer in each, over the cap of {cap:,} tokens"
+    else:
+        note += f" fills the cap of {cap:,} tokens before their answer"
+    return note + "; raise the pack size (and the per-sample cap) above that, or shorten that fixed text"
+
+
+def _fixed_tokens(store: TokenStore, samples: np.ndarray) -> np.ndarray:
+    """Tokens of each of ``samples`` before its last answer that truncation never trims: its ``KEEP``
+    segments of the always-kept unit (-1) or of the last round (never dropped) that end before the
+    last round's first answer segment, int64 ``[len(samples)]``. Truncation keeps them and cuts what
+    follows at the cap, so a sample whose fixed tokens reach the cap + 1 keeps no answer token."""
+    segment_offsets, starts, kinds, units = store.segments
+    first, counts = segment_offsets[samples], segment_offsets[samples + 1] - segment_offsets[samples]
+    owner = np.repeat(np.arange(len(samples)), counts)  # the sample of each segment, by position
+    index = np.arange(int(counts.sum())) + np.repeat(first - (np.cumsum(counts) - counts), counts)
+    begin = starts[index].astype(np.int64)
+    end = np.empty_like(begin)
+    end[:-1] = begin[1:]
+    last = np.cumsum(counts) - 1  # the last segment of each sample runs to the sample's length
+    end[last[counts > 0]] = store.lengths[samples][counts > 0]
+    unit = units[index].astype(np.int64)
+    last_unit = np.full(len(samples), -1, dtype=np.int64)
+    np.maximum.at(last_unit, owner, unit)
+    kept_unit = (unit == -1) | (unit == last_unit[owner])
+    answer_start = store.lengths[samples].astype(np.int64)
+    answers = (kinds[index] & ANSWER).astype(bool) & kept_unit
+    np.minimum.at(answer_start, owner[answers], begin[answers])
+    fixed = (kinds[index] == KEEP) & kept_unit & (end <= answer_start[owner])
+    return np.bincount(owner, weights=(end - begin) * fixed, minlength=len(samples)).astype(np.int64)

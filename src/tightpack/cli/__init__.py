@@ -20,6 +20,7 @@ from tightpack.cli import (  # noqa: F401  (importing registers their commands)
     plan_command,
 )
 from tightpack.cli.app import app, stderr, stdout
+from tightpack.cli.flags import cli_message
 from tightpack.cli.pack_command import Interrupted
 from tightpack.errors import TightpackError
 from tightpack.output_folder import os_error_message
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = app(args=argv, standalone_mode=False)
     except TightpackError as error:  # one line, whatever a wrapped library message held
-        stderr.print(f"error: {' '.join(str(error).split())}", markup=False, highlight=False, soft_wrap=True)
+        stderr.print(f"error: {cli_message(error)}", markup=False, highlight=False, soft_wrap=True)
         return 2
     except _signals("Exit") as done:
         return done.exit_code

@@ -8,6 +8,7 @@ and check them once; `format_config` turns the sample options into a `FormatConf
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,7 +40,10 @@ MessagesKey = Annotated[str, typer.Option(help="Messages key of chat rows.")]
 ToolsKey = Annotated[str, typer.Option(help="Tool schemas key of chat rows (passed to the chat template).")]
 PromptTemplate = Annotated[
     str | None,
-    typer.Option(help='Prompt template, ending with the output key (default "{input} {output}").'),
+    typer.Option(
+        help='Prompt template, ending with the output key (default "{input} {output}"); the escapes '
+        "\\n, \\t and \\\\ are decoded (a newline, a tab, a backslash)."
+    ),
 ]
 AlgorithmOption = Annotated[Algorithm, typer.Option(help="Packing algorithm.")]
 PadSeqToMult = Annotated[
@@ -133,7 +137,7 @@ def format_config(
         format=format.value,
         input_key=input_key,
         output_key=output_key,
-        prompt_template=prompt_template,
+        prompt_template=None if prompt_template is None else decode_escapes(prompt_template),
         messages_key=messages_key,
         tools_key=tools_key,
         loss_on=loss_on.value,
@@ -166,6 +170,21 @@ def template_variables(options: list[str]) -> tuple[tuple[str, Any], ...]:
     if len(set(names)) != len(names):
         raise TightpackError(f"--template-var names a variable twice: {', '.join(names)}")
     return tuple(pairs)
+
+
+_ESCAPES = re.compile(r"\\([nt\\])")
+_ESCAPED = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def decode_escapes(template: str) -> str:
+    r"""A template typed on a command line, its ``\n``, ``\t`` and ``\\`` decoded: a shell passes
+    ``"Q: {input}\nA: {output}"`` with a backslash and an ``n``, which would be trained on as such.
+    Other backslashes stay. (A template from Python or a configuration file is already text.)
+
+    >>> decode_escapes(r"Q: {input}\nA:\t{output} \\n \d")
+    'Q: {input}\nA:\t{output} \\n \\d'
+    """
+    return _ESCAPES.sub(lambda match: _ESCAPED[match.group(1)], template)
 
 
 def _fields(option: str | None) -> tuple[str, ...] | None:

@@ -27,7 +27,9 @@ from tightpack.cli.app import (
     stderr,
     stdout,
 )
+from tightpack.cli.flags import cli_text
 from tightpack.errors import TightpackError
+from tightpack.prepare.tokenize import BAD_ROW_PARAMETERS
 
 
 def _default_workers() -> int:
@@ -225,9 +227,10 @@ _TRUNCATION_LABELS = {
 
 
 def _bounds(stats) -> str:
-    """The volume bound, and the tighter L2 bound with the gap to it when the stats have it."""
-    tight = getattr(stats, "lower_bound_l2", None)
-    if tight is None or tight == stats.lower_bound:
+    """The volume bound, and the tighter L2 bound with the gap to it when it is above; the efficiency
+    "at the lower bound" is that of the L2 bound (`PackStats.efficiency_at_bound`)."""
+    tight = stats.lower_bound_l2
+    if tight == stats.lower_bound:
         return f"{stats.lower_bound:,}"
     return f"volume {stats.lower_bound:,}, L2 {tight:,}; gap {stats.packs - tight:,}"
 
@@ -250,7 +253,6 @@ def _next_steps(result, config) -> str:
 
 def _print_summary(result) -> None:
     counts, stats = result.counts, result.stats
-    best_efficiency = stats.tokens / (max(stats.lower_bound, 1) * stats.pack_size)
     table = Table(title=f"tightpack pack -> {result.output}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -278,7 +280,7 @@ def _print_summary(result) -> None:
         ("supervised tokens packed / in", f"{counts['supervised_packed']:,} / {counts['supervised_in']:,}"),
         ("alignment padding tokens", f"{counts['alignment_padding']:,}"),
         ("packs (lower bound)", f"{stats.packs:,} ({_bounds(stats)})"),
-        ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {best_efficiency:.2%})"),
+        ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {stats.efficiency_at_bound:.2%})"),
         ("packing factor", f"{stats.packing_factor:.2f} samples/pack (max {stats.max_samples_per_pack})"),
     ]
     rows += [
@@ -293,6 +295,7 @@ def _print_summary(result) -> None:
         table.add_row(name, value)
     stdout.print(table)
     for bad in result.bad_rows[:5]:
-        stderr.print(f"skipped {bad.location}: {bad.reason}", markup=False, highlight=False, soft_wrap=True)
+        reason = cli_text(bad.reason, BAD_ROW_PARAMETERS)
+        stderr.print(f"skipped {bad.location}: {reason}", markup=False, highlight=False, soft_wrap=True)
     if len(result.bad_rows) > 5:
         stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")

@@ -28,7 +28,7 @@ def alignment_multiple(*, tp: int = 1, cp: int = 1, sp: bool = False) -> int:
     """
     for name, value in (("tp", tp), ("cp", cp)):
         if int(value) < 1:
-            raise TightpackError(f"{name} must be a positive integer, got {value}")
+            raise TightpackError(f"{name} must be a positive integer, got {value}", parameters=(name,))
     context = 2 * cp if cp > 1 else 1
     sequence = cp * tp if sp and tp > 1 else 1
     return math.lcm(context, sequence)
@@ -53,12 +53,15 @@ def length_cap(max_length: int, multiple: int) -> int:
     (4096, 16, 16)
     """
     if multiple < 1:
-        raise TightpackError(f"pad_seq_to_mult must be a positive integer, got {multiple}")
+        raise TightpackError(
+            f"pad_seq_to_mult must be a positive integer, got {multiple}", parameters=("pad_seq_to_mult",)
+        )
     cap = max_length // multiple * multiple
     if cap == 0:
         raise TightpackError(
             f"max_seq_length ({max_length}) must be at least the effective padding multiple ({multiple}); "
-            "raise the length or lower --pad-seq-to-mult / the parallel sizes"
+            "raise the length or lower pad_seq_to_mult / the parallel sizes",
+            parameters=("max_seq_length", "pad_seq_to_mult"),
         )
     return cap
 

@@ -164,8 +164,9 @@ def fit_cost_model(
     if not coefficients[1:].any():
         raise TightpackError(
             "every cost coefficient was fitted to 0: the measured times do not grow with pack length or "
-            "composition; measure wider packs (e.g. --pack-widths 512,1024,2048), more repeats, or a "
-            "larger model"
+            "composition; measure wider packs (e.g. pack_widths 512,1024,2048), more repeats, or a "
+            "larger model",
+            parameters=("pack_widths",),
         )
     residuals = target - design @ coefficients
     squared_residuals = float(residuals @ residuals)

@@ -101,7 +101,7 @@ def plan_packs(
     if high > pack_size:
         raise TightpackError(
             f"sample {int(lengths.argmax())} has length {high} > pack_size {pack_size}; "
-            "truncate or drop long samples before planning (see --long-samples)"
+            "truncate or drop long samples before planning (as PackConfig.long_samples does)"
         )
     return ALGORITHMS[algorithm](lengths, pack_size, seed, high)
 

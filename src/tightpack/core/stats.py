@@ -58,6 +58,12 @@ class PackStats:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def efficiency_at_bound(self) -> float:
+        """The efficiency a plan of ``lower_bound_l2`` packs (the tighter bound) would reach: the best
+        any plan can; equal to ``efficiency`` when the gap is 0. 0.0 for no packs."""
+        return self.tokens / (max(self.lower_bound_l2, 1) * self.pack_size)
+
     def megatron_metadata(self) -> dict:
         """The metadata entry of Megatron-Bridge's packing (one element of its JSON list)."""
         return {
@@ -89,6 +95,8 @@ def pack_stats(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> PackStats
     >>> stats = pack_stats(plan, np.array([6, 6, 6, 6]), 10)
     >>> stats.packs, stats.lower_bound, stats.lower_bound_l2, stats.gap
     (4, 3, 4, 0)
+    >>> stats.efficiency_at_bound == stats.efficiency  # 24 / (4 * 10), not 24 / (3 * 10)
+    True
     """
     lengths = np.asarray(lengths)  # int32 or int64; blocks are summed as int64
     if len(plan) == 0:

@@ -98,6 +98,7 @@ class Source:
     estimated_rows: int | None
     read: Any = field(repr=False)  # (first_sample, chunk_rows) -> Iterator[Chunk]
     file: InputFile | None = None  # a JSONL or Parquet file: what `file_ranges` cuts it by
+    peek: Any = field(default=None, repr=False)  # () -> its first row, for a source read only once
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,11 @@ def rows_source(
     *,
     once: bool = False,
     nulls_absent: bool = False,
+    first: Any = None,
 ) -> Source:
     """Rows from ``rows()``, read lazily in chunks; ``once``: it returns a generator or an iterator,
-    which a second reading would find exhausted (so that is refused rather than packing nothing)."""
+    which a second reading would find exhausted (so that is refused rather than packing nothing),
+    whose ``first`` row, already taken, `Source.peek` gives."""
     started = False
 
     def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
@@ -49,7 +51,7 @@ def rows_source(
             )
             position += len(batch)
 
-    return Source(name, identity, count, read)
+    return Source(name, identity, count, read, peek=(lambda: first) if once else None)
 
 
 def datasets_kind(item: Any) -> str | None:

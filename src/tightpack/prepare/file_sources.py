@@ -76,10 +76,24 @@ def parquet_source(path: Path) -> Source:
     )
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not an input, and what to give instead."""
+    shown = str(path)
+    if not path.is_dir():
+        return f"input {shown!r} does not exist or is not a file"
+    if (path / "manifest.json").is_file() or any(path.glob("*_metadata.jsonl")):
+        return (
+            f"input {shown!r} is a packed folder (tightpack's manifest.json, or Megatron-Bridge's "
+            "metadata), not rows: inputs are JSONL or Parquet rows; to see the packs run "
+            f"`tightpack inspect {shown}`, to re-pack give the rows they were packed from"
+        )
+    return f"input {shown!r} is a folder: give its files, or a pattern such as '{shown}/*.jsonl'"
+
+
 def file_source(path: Path) -> Source:
     """A JSONL or Parquet file, by its suffix."""
     if not path.is_file():
-        raise TightpackError(f"input {str(path)!r} does not exist or is not a file")
+        raise TightpackError(_not_a_file(path))
     suffix = path.suffix.lower()
     if suffix in PARQUET_SUFFIXES:
         return parquet_source(path)

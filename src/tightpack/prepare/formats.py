@@ -13,7 +13,9 @@ Two formats (``--format``):
   everywhere (``all``).
 - ``tokens``: pre-tokenized rows, ``input_ids`` and an optional ``loss_mask``
   (`tightpack.prepare.pretokenized`); no text, no tokenizer call.
-- ``auto`` picks ``chat`` for a row with ``messages`` and ``prompt-completion`` otherwise.
+- ``auto`` picks ``chat`` for a row with ``messages`` and ``prompt-completion`` otherwise, row by row;
+  inputs whose first row is pre-tokenized (``input_ids``, no ``messages`` or input key) are
+  ``tokens`` for the whole run (`run_format`: token rows take another path than text rows).
 
 The chat rendering (the built-in chat template, chat loss spans and segments) is
 `tightpack.prepare.chat_render`; the shared `Rendered` and `RowError` are `tightpack.prepare.rendered`.
@@ -41,10 +43,11 @@ from tightpack.core.truncation import ANSWER, KEEP, PROMPT, TruncationMethod
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.chat_content import CHAT_ROLES
 from tightpack.prepare.chat_render import _render_chat
+from tightpack.prepare.pretokenized import TOKENS_KEY
 from tightpack.prepare.rendered import Rendered, RowError, _bounded
 from tightpack.prepare.vision_rows import MediaError, MediaItem, VisionSpec, vision_row
 
-__all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row"]
+__all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row", "row_kind", "run_format"]
 
 Format = Literal["auto", "prompt-completion", "chat", "tokens"]
 LossOn = Literal["assistant", "last-turn", "all"]
@@ -95,16 +98,17 @@ class FormatConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "template_vars", _template_vars(self.template_vars))
-        check_choice("--format", self.format, get_args(Format))
-        check_choice("--loss-on", self.loss_on, get_args(LossOn))
-        check_choice("--truncation-method", self.truncation_method, get_args(TruncationMethod))
-        check_choice("--chat-truncation", self.chat_truncation, get_args(ChatTruncation))
+        check_choice("format", self.format, get_args(Format))
+        check_choice("loss_on", self.loss_on, get_args(LossOn))
+        check_choice("truncation_method", self.truncation_method, get_args(TruncationMethod))
+        check_choice("chat_truncation", self.chat_truncation, get_args(ChatTruncation))
         fields = {field for _, field, _, _ in string.Formatter().parse(self.template) if field}
         unknown = sorted(set(self.truncation_fields) - fields)
         if self.truncate_fields is not None and unknown:
             raise TightpackError(
-                f"--truncate-field {', '.join(unknown)} is not a field of the prompt template "
-                f"{self.template!r}; its fields are {', '.join(sorted(fields))}"
+                f"truncate_fields {', '.join(unknown)} is not a field of the prompt template "
+                f"{self.template!r}; its fields are {', '.join(sorted(fields))}",
+                parameters=("truncate_fields",),
             )
         suffix = "{" + self.output_key + "}"
         if not self.template.endswith(suffix) or self.template.count(suffix) != 1:
@@ -179,7 +183,7 @@ def render_row(
         raise RowError(f"expected a JSON object, got {type(row).__name__}")
     kind = config.format
     if kind == "auto":
-        kind = "chat" if config.messages_key in row else "prompt-completion"
+        kind = row_kind(row, config)
     media: tuple[MediaItem, ...] = ()
     if kind == "chat" and config.vision is not None:
         try:
@@ -194,6 +198,33 @@ def render_row(
         return rendered
     _check_placeholders(rendered.text, media, config.vision)
     return dataclasses.replace(rendered, media=media)
+
+
+def row_kind(row: dict, config: FormatConfig) -> str:
+    """What ``auto`` reads an object row as: ``chat`` (it has the messages key) or
+    ``prompt-completion``. Rows of one kind give the same samples under ``auto`` as under that format
+    (so `tightpack.store_reuse` lets them share one token store)."""
+    return "chat" if config.messages_key in row else "prompt-completion"
+
+
+def run_format(config: FormatConfig, first_row: Any) -> FormatConfig:
+    """``config`` with ``auto`` resolved once for the run where it must be: pre-tokenized rows are read
+    by another path than text rows (`tightpack.prepare.pretokenized`), so when the first row is one
+    (``input_ids``, and neither the messages key nor the input key) the whole run is ``tokens``, and a
+    later text row is a bad row. Otherwise ``auto`` stays: chat or prompt-completion, row by row.
+
+    >>> run_format(FormatConfig(), {"input_ids": [5, 6], "loss_mask": [0, 1]}).format
+    'tokens'
+    >>> run_format(FormatConfig(), {"messages": [], "input_ids": [5]}).format
+    'auto'
+    """
+    tokens = (
+        isinstance(first_row, dict)
+        and TOKENS_KEY in first_row
+        and config.messages_key not in first_row
+        and config.input_key not in first_row
+    )
+    return dataclasses.replace(config, format="tokens") if config.format == "auto" and tokens else config
 
 
 def _check_placeholders(text: str, media: tuple[MediaItem, ...], vision: VisionSpec) -> None:
@@ -211,7 +242,7 @@ def _check_placeholders(text: str, media: tuple[MediaItem, ...], vision: VisionS
 
 def _missing_key(key: str, row: dict) -> RowError:
     found = ", ".join(sorted(map(str, row))) or "none"
-    return RowError(f"missing key {key!r} (keys found: {found}); set --input-key/--output-key or --format")
+    return RowError(f"missing key {key!r} (keys found: {found}); set input_key/output_key or format")
 
 
 def _render_prompt_completion(row: dict, config: FormatConfig, text_budget: int | None) -> Rendered:

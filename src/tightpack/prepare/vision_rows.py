@@ -103,8 +103,8 @@ def _resolve(path: Any, spec: VisionSpec) -> tuple[str, Path]:
     target = os.path.normpath(os.path.join(root, written))
     if os.path.commonpath([root, target]) != root:
         raise MediaError(
-            f"media path {path!r} is outside the media root {root}; pass --media-root a folder that "
-            "holds every media file"
+            f"media path {path!r} is outside the media root {root}; set media_root to a folder "
+            "that holds every media file"
         )
     return written, Path(target)
 

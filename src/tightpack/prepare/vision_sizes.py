@@ -130,7 +130,8 @@ class VisionSizes:
             if model not in _DEFAULTS:
                 raise TightpackError(
                     f"cannot tell the model family of {folder} (config.json model_type {model_type!r}); "
-                    "name it with --vision qwen2_vl|qwen2_5_vl|qwen3_vl"
+                    "name it with model='qwen2_vl' (or 'qwen2_5_vl', 'qwen3_vl')",
+                    parameters=("model='qwen2_vl'",),
                 )
         sizes = cls(model)
         low, high = _pixel_bounds(image, sizes.image_min_pixels, sizes.image_max_pixels, True)

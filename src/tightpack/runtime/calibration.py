@@ -263,7 +263,10 @@ def calibrate_cost_model(
     if threads is not None and (not isinstance(threads, (int, np.integer)) or threads < 1):
         raise TightpackError(f"threads must be a positive integer, got {threads!r}")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise TightpackError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
+        raise TightpackError(
+            f"device {device!r} was asked for but CUDA is not available; use device='cpu'",
+            parameters=("device='cpu'",),
+        )
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(int(threads))
