@@ -256,17 +256,9 @@ def test_no_supervision_after_the_end_marker(name, folders, rows, tmp_path):
 
 
 # Gemma merges the system prompt into the first user turn, so its rounds are not dropped: its long rows
-# are made to fit by trimming user text and earlier answers, many short segments sharing the cut. That
-# the share of a segment shorter than it passes to the others (and not to the last answer) is the
-# truncation fix of core/truncation.py made alongside (issue 26); with it this case passes.
-_NEEDS_SHARE_FIX = pytest.mark.xfail(
-    reason="needs keep_ranges to pass a short segment's share on (core/truncation.py, issue 26)", strict=False
-)
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_NEEDS_SHARE_FIX) if n == "gemma" else n for n in TEMPLATES]
-)
+# are made to fit by trimming user text and earlier answers, many short segments sharing the cut (the
+# share of a segment shorter than it passes to the others, not to the last answer: core/truncation.py).
+@pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("loss_on", ["assistant", "last-turn"])
 def test_oldest_turns_keeps_the_last_turn_for_every_template(name, loss_on, folders, rows, tmp_path, caplog):
     """50 multi-turn rows with a system message through ``tightpack pack`` at 8192 (nothing cut) and at

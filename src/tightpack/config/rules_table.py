@@ -79,6 +79,22 @@ against the configuration (`tightpack.stale_packs`). A tightpack output folder's
 settings the packs were made with, so by default no row is read; packs without a manifest (Megatron-Bridge's
 own) are checked on a fixed, seeded sample of rows; `--deep` reads every row and hashes every file. An
 error's fix is the `tightpack pack` command that re-packs for the configuration into a fresh output folder.
+
+The re-pack command changes the topology only. The pack size, the alignment (`--cp`/`--tp`/`--sp` or
+`--pad-seq-to-mult`), `--pad-to-max-length` and `--pad-cu-seqlens` come from the configuration; every other
+setting the manifest records is written back as the flag that set it: the sources, the tokenizer,
+`--max-seq-length` (the configuration's `max_single_sequence_length`, else the manifest's cap when it was
+below its pack size, at most the new pack size), `--long-samples`, `--format`, `--prompt-template`, the
+input, output, messages and tools keys, `--loss-on`, `--truncate-field`, `--truncation-method`,
+`--chat-truncation`, `--template-var`, `--algorithm`, `--seed`, `--balance-costs` (the preset whose
+coefficients the manifest records, else `COST_MODEL.json` to replace), `--skip-bad-lines`, `--output-format`
+and the vision options (the manifest records the processor's sizes, not its folder: `--vision-processor
+PROCESSOR_FOLDER` is to replace). Only values other than the defaults are written. So the new packs hold the
+same samples, kept, truncated and dropped for the same reasons, with the same supervised tokens, whenever
+the cap is unchanged (a test runs the printed command and compares the manifests' counts). The table from
+setting to flag is `tightpack.pack_flags.SETTING_FLAGS`; a test fails when a field of `PackConfig` or
+`FormatConfig` has no entry, or an entry names a flag `tightpack pack` lacks. A manifest setting the running
+tightpack does not know (a newer version's) is named after the command, not dropped silently.
 """
 
 
