@@ -80,6 +80,8 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_online.py
 	$(PY) benchmarks/bench_mrope.py
 	$(PY) benchmarks/bench_probe.py
+	$(PY) benchmarks/bench_chat_templates.py
+	$(PY) benchmarks/bench_collate_truncation.py
 	$(PY) benchmarks/bench_training.py
 
 clean:
