@@ -12,7 +12,6 @@ supervises.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import sys
@@ -23,40 +22,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.chat_templates import SPECIAL_TOKENS, TEMPLATES, conversations
+from tests.chat_templates import TEMPLATES, conversations, template_folders
 from tests.conftest import write_jsonl
-from tests.test_tokenizer import conversation_texts
 
 from tightpack.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
-
-
-def tokenizer_folders(root: Path) -> dict[str, Path]:
-    import sentencepiece
-    from transformers import AutoTokenizer
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(conversation_texts(20_000)), model_writer=model, vocab_size=1500,
-        model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, minloglevel=2,
-    )  # fmt: skip
-    (root / "spm").mkdir()
-    (root / "spm" / "tokenizer.model").write_bytes(model.getvalue())
-    config = {
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-    }
-    (root / "spm" / "tokenizer_config.json").write_text(json.dumps(config))
-    tokenizer = AutoTokenizer.from_pretrained(root / "spm")
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
-    folders = {}
-    for name, template in TEMPLATES.items():
-        tokenizer.chat_template = template
-        tokenizer.save_pretrained(root / name)
-        folders[name] = root / name
-    return folders
 
 
 def main() -> None:
@@ -65,7 +35,7 @@ def main() -> None:
     rows = conversations(50)
     root = Path(tempfile.mkdtemp())
     source = write_jsonl(root / "rows.jsonl", rows)
-    folders = tokenizer_folders(root)
+    folders = template_folders(root)
     print("template            loss-on    pack  supervised  no-supervised  transformers")
     for name, folder in folders.items():
         reference = ""

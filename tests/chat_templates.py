@@ -25,6 +25,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from .llama_tokenizer import llama_style_folder
+
 LLAMA3 = (
     "{{- bos_token }}{%- for message in messages %}"
     "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
@@ -181,3 +183,20 @@ def conversations(count: int = 50, seed_offset: int = 0) -> list[dict]:
         if len(rows) == count:
             break
     return rows
+
+
+def template_folders(root: Path) -> dict[str, Path]:
+    """One tokenizer folder per template under ``root``: the Llama-style SentencePiece tokenizer of
+    `tests.llama_tokenizer`, loaded and saved by transformers with `SPECIAL_TOKENS` added."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(llama_style_folder(root / "spm"))
+    if len(tokenizer) < 1500:
+        raise RuntimeError("the transformers-5 trap: an empty tokenizer")
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    folders = {}
+    for name, template in TEMPLATES.items():
+        tokenizer.chat_template = template
+        tokenizer.save_pretrained(root / name)
+        folders[name] = root / name
+    return folders

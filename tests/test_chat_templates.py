@@ -9,7 +9,6 @@ message keys."""
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from pathlib import Path
@@ -21,10 +20,9 @@ from tightpack.output_folder import MANIFEST_NAME
 from tightpack.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 
-from .chat_templates import SPECIAL_TOKENS, TEMPLATES, conversations
+from .chat_templates import TEMPLATES, conversations, template_folders
 from .conftest import run_main, write_jsonl
 from .test_pipeline import read_sequences
-from .test_tokenizer import conversation_texts
 
 END_MARKERS = {
     "llama3": "<|eot_id|>",
@@ -41,44 +39,9 @@ BLOCK_TEMPLATES = ("chatml-one-block", "chatml-two-blocks", "chatml-dash-block")
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    """One tokenizer folder per template: a Llama-style SentencePiece BPE (1,500 pieces trained on real
-    conversations), loaded and saved by transformers with the templates' special tokens added."""
-    import sentencepiece
-    from transformers import AutoTokenizer
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(conversation_texts(20_000)),
-        model_writer=model,
-        vocab_size=1500,
-        model_type="bpe",
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        byte_fallback=True,
-        minloglevel=2,
-    )
-    root = tmp_path_factory.mktemp("templates")
-    spm = root / "spm"
-    spm.mkdir()
-    (spm / "tokenizer.model").write_bytes(model.getvalue())
-    config = {
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-    }
-    (spm / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    tokenizer = AutoTokenizer.from_pretrained(spm)
-    assert len(tokenizer) >= 1500, "the transformers-5 trap: an empty tokenizer"
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
-    result = {}
-    for name, template in TEMPLATES.items():
-        tokenizer.chat_template = template
-        tokenizer.save_pretrained(root / name)
-        result[name] = root / name
-    return result
+    """One tokenizer folder per template (a Llama-style SentencePiece BPE with the templates' special
+    tokens added: `tests.chat_templates.template_folders`)."""
+    return template_folders(tmp_path_factory.mktemp("templates"))
 
 
 @pytest.fixture(scope="module")

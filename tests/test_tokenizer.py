@@ -23,6 +23,7 @@ from tightpack.errors import TightpackError
 from tightpack.prepare.tokenizer import MIN_VOCAB_SIZE, TokenizerSpec, load_tokenizer
 
 from .conftest import CliRun, run_main, write_jsonl
+from .llama_tokenizer import llama_style_folder
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -690,53 +691,12 @@ class TestChatTemplateErrors:
 # --- SentencePiece folders (tokenizer.model, no tokenizer.json) ----------------------------------------
 
 
-def conversation_texts(limit: int) -> list[str]:
-    """Messages of the real chitchat conversations (the demo corpus)."""
-    location = importlib.util.find_spec("chitchat_dataset").submodule_search_locations[0]
-    conversations = json.loads((Path(location) / "dataset.json").read_text(encoding="utf-8"))
-    texts = [
-        message["text"]
-        for conversation in conversations.values()
-        for turn in conversation["messages"]
-        for message in turn
-    ]
-    return texts[:limit]
-
-
 @pytest.fixture(scope="module")
 def sentencepiece_folder(tmp_path_factory) -> Path:
     """A Llama-style folder: tokenizer.model (a SentencePiece BPE of 1,500 pieces trained here on real
     conversations, about 0.2 s) and a tokenizer_config.json naming LlamaTokenizer."""
-    import io
-
-    import sentencepiece
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(conversation_texts(20_000)),
-        model_writer=model,
-        vocab_size=1500,
-        model_type="bpe",
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        byte_fallback=True,
-        minloglevel=2,
-    )
     folder = tmp_path_factory.mktemp("spm") / "llama-style"
-    folder.mkdir()
-    (folder / "tokenizer.model").write_bytes(model.getvalue())
-    config = {
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "add_bos_token": True,
-        "add_eos_token": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    return folder
+    return llama_style_folder(folder, add_bos_token=True, add_eos_token=False)
 
 
 class TestSentencePiece:
