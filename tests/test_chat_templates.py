@@ -220,10 +220,11 @@ def test_no_supervision_after_the_end_marker(name, folders, rows, tmp_path):
 
 # Gemma merges the system prompt into the first user turn, so its rounds are not dropped: its long rows
 # are made to fit by trimming user text and earlier answers, many short segments sharing the cut (the
-# share of a segment shorter than it passes to the others, not to the last answer: core/truncation.py).
+# share of a segment shorter than it passes to the others, not to the last answer: core/truncation.py),
+# and each such row says why (reason turns_kept, or answer_cut when an earlier answer was trimmed).
 @pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("loss_on", ["assistant", "last-turn"])
-def test_oldest_turns_keeps_the_last_turn_for_every_template(name, loss_on, folders, rows, tmp_path, caplog):
+def test_oldest_turns_keeps_the_last_turn_for_every_template(name, loss_on, folders, rows, tmp_path):
     """50 multi-turn rows with a system message through ``tightpack pack`` at 8192 (nothing cut) and at
     1024 (oldest-turns): no row refused, none dropped for lack of supervision, and every cut sample
     ends with its last assistant turn whole."""
@@ -232,7 +233,6 @@ def test_oldest_turns_keeps_the_last_turn_for_every_template(name, loss_on, fold
     tokenizer = AutoTokenizer.from_pretrained(folders[name])
     source = write_jsonl(tmp_path / "rows.jsonl", rows)
     for size in (8192, 1024):
-        caplog.clear()
         out = tmp_path / f"out-{size}"
         run = run_main(
             [
@@ -256,8 +256,16 @@ def test_oldest_turns_keeps_the_last_turn_for_every_template(name, loss_on, fold
         assert run.returncode == 0, run.stderr
         manifest = json.loads((out / MANIFEST_NAME).read_text())
         assert manifest["excluded"]["no_supervised"] == [], manifest["excluded"]
-        notes = [r.message for r in caplog.records if "differently without its oldest round" in r.message]
-        assert len(notes) == (name == "gemma"), "the reason no round is dropped is given, once a run"
+        by_reason = manifest["excluded"]["truncated_by_reason"]
+        if name == "gemma":  # no round dropped, and every cut row says why
+            assert by_reason["turns_dropped"] == [] and by_reason["prompt_trimmed"] == []
+            assert (
+                sorted(by_reason["turns_kept"] + by_reason["answer_cut"]) == manifest["excluded"]["truncated"]
+            )
+            assert (size == 1024) == bool(by_reason["turns_kept"]), by_reason
+            assert "turns kept (the template merges turns)" in run.stdout or size == 8192
+        else:
+            assert by_reason["turns_kept"] == []
         sequences = read_sequences(out)
         assert sorted(sequences) == list(range(len(rows)))
         for index, row in enumerate(rows):

@@ -204,7 +204,13 @@ def test_long_samples_truncate_at_the_end_keeps_the_beginning_and_accounts(tmp_p
     )
     assert manifest["excluded"] == {
         "truncated": [2],
-        "truncated_by_reason": {"prompt_trimmed": [], "turns_dropped": [], "answer_cut": [2], "end_cut": []},
+        "truncated_by_reason": {
+            "prompt_trimmed": [],
+            "turns_dropped": [],
+            "answer_cut": [2],
+            "end_cut": [],
+            "turns_kept": [],
+        },
         "dropped_long": [],
         "no_supervised": [1],
         "no_supervised_after_truncation": [1],

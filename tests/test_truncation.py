@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tightpack.core.truncation import ANSWER, KEEP, PROMPT, REASONS, keep_ranges
+from tightpack.core.truncation import ANSWER, KEEP, PROMPT, REASONS, ROUNDS_KEPT, keep_ranges
 from tightpack.errors import TightpackError
 from tightpack.pipeline import MANIFEST_NAME, PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
@@ -551,3 +551,15 @@ def test_chat_a_short_user_turn_passes_its_share_to_the_tool_turn_of_its_round(t
     )
     assert text.startswith("<|user|>\n\n<|tool|>\nlog line log line")  # the user turn gave its 1 token
     assert text.endswith("<|assistant|>\nthe build passed\n<|endoftext|>")
+
+
+def test_a_conversation_whose_rounds_cannot_be_dropped_is_trimmed_and_says_why():
+    """Segments of unit ROUNDS_KEPT (a template that merges turns) are trimmed as always-kept ones are,
+    no round goes, and the reason is turns_kept; the same rounds with their own units are dropped."""
+    starts, kinds = [0, 1, 3, 5, 7], [KEEP, PROMPT, ANSWER, PROMPT, ANSWER]
+    merged = [ROUNDS_KEPT] * 5
+    ranges, reason = keep_ranges(9, starts, kinds, merged, 7, "right")
+    assert REASONS[reason] == "turns_kept"
+    assert ranges == [(0, 2), (3, 6), (7, 9)]  # each user text gives one token, both answers stay
+    ranges, reason = keep_ranges(9, starts, kinds, [-1, 0, 0, 1, 1], 7, "right")
+    assert (ranges, REASONS[reason]) == ([(0, 1), (5, 9)], "turns_dropped")

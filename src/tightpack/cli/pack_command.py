@@ -223,6 +223,7 @@ _TRUNCATION_LABELS = {
     "truncated_turns_dropped": "turns dropped",
     "truncated_answer_cut": "answer cut",
     "truncated_end_cut": "end cut",
+    "truncated_turns_kept": "turns kept (the template merges turns)",
 }
 
 

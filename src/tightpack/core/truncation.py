@@ -16,7 +16,10 @@ kind             meaning
 ===============  ==============================================================================
 
 ``unit`` is -1 for segments that are always kept, else the conversation round they belong to (a
-round ends with an assistant turn); rounds are dropped whole. A sample of ``n`` stored tokens above
+round ends with an assistant turn); rounds are dropped whole. ``ROUNDS_KEPT`` (-2) marks the segments
+of a conversation whose rounds cannot be dropped (a chat template that merges text across turns, such
+as Gemma's system prompt in the first user turn): they are kept as -1 segments are, and such a sample
+that must be cut records why (``turns_kept``). A sample of ``n`` stored tokens above
 ``limit`` (the cap + 1) is cut by these steps, each only while it is still too long:
 
 1. drop whole rounds, oldest first, never the last one (it holds the last assistant turn);
@@ -44,7 +47,8 @@ answer's first tokens and nothing about where it ends (as a cut pretraining docu
 
 The reason recorded (`REASONS`) is the strongest step taken: ``answer_cut`` when a token of an answer
 or of what follows the answer (its EOS, its end marker) was cut, else ``turns_dropped``, else
-``prompt_trimmed``; ``end_cut`` when the sample has no answer segment (pre-tokenized rows, or
+``turns_kept`` for a ``ROUNDS_KEPT`` sample (its prompt was trimmed where rounds would have been
+dropped), else ``prompt_trimmed``; ``end_cut`` when the sample has no answer segment (pre-tokenized rows, or
 no structure) and its end was cut.
 
 Where Megatron-Bridge's ``GPTSFTDataset`` (``_multiple_truncation``, 0.6.2) differs, every other
@@ -80,6 +84,7 @@ __all__ = [
     "KEEP",
     "PROMPT",
     "REASONS",
+    "ROUNDS_KEPT",
     "TruncationMethod",
     "TruncationPlan",
     "keep_ranges",
@@ -88,8 +93,10 @@ __all__ = [
 
 KEEP, PROMPT, ANSWER = 0, 1, 2
 #: Reason codes of `TruncationPlan.reasons`, by index.
-REASONS = ("prompt_trimmed", "turns_dropped", "answer_cut", "end_cut")
-_PROMPT_TRIMMED, _TURNS_DROPPED, _ANSWER_CUT, _END_CUT = range(4)
+REASONS = ("prompt_trimmed", "turns_dropped", "answer_cut", "end_cut", "turns_kept")
+_PROMPT_TRIMMED, _TURNS_DROPPED, _ANSWER_CUT, _END_CUT, _TURNS_KEPT = range(5)
+#: The unit of the segments of a conversation whose rounds cannot be dropped (module docstring).
+ROUNDS_KEPT = -2
 
 TruncationMethod = Literal["right", "left"]
 
@@ -141,6 +148,7 @@ def keep_ranges(
     for segment, unit in enumerate(units):
         members.setdefault(unit, []).append(segment)
     rounds = sorted(unit for unit in members if unit >= 0)
+    always = sorted(unit for unit in members if unit < 0)
 
     dropped = False
     for unit in rounds[:-1]:
@@ -156,7 +164,7 @@ def keep_ranges(
     trimmed = answer_cut = False
     answers = [segment for unit in members for segment in members[unit] if kinds[segment] & ANSWER]
     for answer in (False, True):
-        for unit in [-1, *rounds]:
+        for unit in [*always, *rounds]:
             if over <= 0:
                 break
             group = [
@@ -202,7 +210,11 @@ def keep_ranges(
             ranges.append((first, stop))
     if answer_cut:
         return ranges, _ANSWER_CUT
-    return ranges, _TURNS_DROPPED if dropped else _PROMPT_TRIMMED if trimmed else _END_CUT
+    if dropped:
+        return ranges, _TURNS_DROPPED
+    if ROUNDS_KEPT in members:
+        return ranges, _TURNS_KEPT
+    return ranges, _PROMPT_TRIMMED if trimmed else _END_CUT
 
 
 def _shared_cut(over: int, sizes: list[int]) -> list[int]:

@@ -25,7 +25,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from tightpack.core.truncation import ANSWER, KEEP, PROMPT
+from tightpack.core.truncation import ANSWER, KEEP, PROMPT, ROUNDS_KEPT
 from tightpack.logs import logger
 from tightpack.prepare.chat_content import (
     CHAT_ROLES,
@@ -284,12 +284,5 @@ def _template_segments(text, messages, units, located, render):
     # Earlier answers' contents may then be trimmed like user text (their end markers stay), the last
     # answer is cut last.
     contents = {located[t].content[0] for t in located if 0 <= units[t] < max(units)}
-    kept = [(p, k | (PROMPT if k & ANSWER and p in contents else 0), -1) for p, k, _ in segments]
-    return kept, _ROUNDS_KEPT
-
-
-_ROUNDS_KEPT = (
-    "the chat template renders the conversation differently without its oldest round (it merges "
-    "text across turns), so no round is dropped: user text and earlier answers are trimmed, then the end "
-    "is cut"
-)
+    kept = [(p, k | (PROMPT if k & ANSWER and p in contents else 0), ROUNDS_KEPT) for p, k, _ in segments]
+    return kept, None
