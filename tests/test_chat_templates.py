@@ -452,3 +452,18 @@ def test_a_model_trained_on_the_packs_learns_no_second_end_marker(folders, rows,
     p_ours, p_before = eos_after_end_marker(train(ours)), eos_after_end_marker(train(before))
     assert p_before > 0.5, f"the former labels teach an EOS after <|im_end|>\\n ({p_before:.3f})"
     assert p_ours < 0.05, f"tightpack's packs do not ({p_ours:.3f})"
+
+
+@pytest.mark.parametrize("name", ["llama3", "chatml-one-block", "qwen3"])
+def test_rows_without_a_system_message_drop_their_oldest_rounds(name, folders, rows, tmp_path):
+    """The template's own text before the first turn (its BOS) is not part of round 0: conversations
+    without a system message drop whole rounds as those with one do (they were all cut as turns_kept)."""
+    no_system = [{"messages": [m for m in row["messages"] if m["role"] != "system"]} for row in rows]
+    out = tmp_path / "out"
+    run = run_main(
+        ["pack", write_jsonl(tmp_path / "rows.jsonl", no_system), "-o", out, "--pack-size", 1024,
+         "--tokenizer", folders[name], "--format", "chat", "--workers", 1, "--no-reuse"]
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    by_reason = json.loads((out / MANIFEST_NAME).read_text())["excluded"]["truncated_by_reason"]
+    assert by_reason["turns_kept"] == [] and by_reason["turns_dropped"], by_reason

@@ -276,10 +276,20 @@ def _template_segments(text, messages, units, located, render):
         ], "the chat template's text could not be divided into turns"
     if max(units, default=-1) < 1:
         return segments, None
-    first = [i for i, (_, _, unit) in enumerate(segments) if unit == 0]
-    begin, stop = segments[first[0]][0], segments[first[-1] + 1][0]
+    # Round 0 runs to where round 1 starts; dropping it must leave what the template renders without
+    # it. Where round 0 starts follows from that: the text before it is the template's own (a BOS, a
+    # default system prompt) or the system turn, and must be the shorter rendering's start.
+    stop = next(position for position, _, unit in segments if unit == 1)
     shorter = render([m for m, unit in zip(messages, units, strict=True) if unit != 0])[0]
-    if text[:begin] + text[stop:] == shorter:
+    begin = len(shorter) - (len(text) - stop)
+    first = next(i for i, (_, _, unit) in enumerate(segments) if unit == 0)
+    droppable = (
+        segments[first - 1][0] <= begin <= segments[first + 1][0]
+        and text[:begin] == shorter[:begin]
+        and text[stop:] == shorter[begin:]
+    )
+    if droppable:
+        segments[first] = (begin, KEEP, 0)
         return segments, None
     # Earlier answers' contents may then be trimmed like user text (their end markers stay), the last
     # answer is cut last.
