@@ -144,6 +144,34 @@ TEMPLATES = {
     "chatml-dash-block": CHATML_DASH_BLOCK,
 }
 
+# Templates of particular closings and tool calls, for span tests on the rendered text (not in
+# TEMPLATES: no tokenizer folder is built for them).
+
+#: Phi-3-style: ``<|role|>\n...<|end|>\n``, and the EOS written once, at the end of a conversation.
+PHI3 = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+#: Llama-3.1-style tool calls: an assistant turn with calls is written as the JSON of its call, not its
+#: content; the tools go into the first user message, so a conversation without one is refused.
+LLAMA31_TOOLS = (
+    "{{- bos_token }}"
+    "{%- if tools and (messages | selectattr('role', 'equalto', 'user') | list | length) == 0 %}"
+    "{{- raise_exception('Cannot put tools in the first user message when there is no first user message!') }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.tool_calls is defined %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{{- {'name': m.tool_calls[0].function.name, 'parameters': m.tool_calls[0].function.arguments} | tojson }}"
+    "{{- '<|eot_id|>' }}"
+    "{%- elif m.role == 'tool' %}{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}"
+    "{%- else %}{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content | trim + '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
 SPECIAL_TOKENS = [
     "<|start_header_id|>",
     "<|end_header_id|>",

@@ -397,12 +397,17 @@ def test_template_vars_need_a_chat_template(rows, tmp_path):
     run = run_main(
         ["pack", source, "-o", tmp_path / "o", "--pack-size", 4096, "--template-var", "enable_thinking=false"]
     )
-    assert run.returncode != 0
     assert run.returncode == 2
-    assert (
-        "template variables are set (--template-var) but tokenizer 'gpt2 (built-in)' has no chat template"
-        in run.stderr
+    assert "template variables (--template-var) are set but tokenizer 'gpt2 (built-in)'" in run.stderr
+    config = PackConfig(
+        packed_sequence_size=4096, format=FormatConfig(template_vars={"enable_thinking": False})
     )
+    from tightpack.errors import TightpackError
+
+    with pytest.raises(
+        TightpackError, match=r"^template variables \(template_vars\) are set but tokenizer 'gpt2"
+    ):
+        pack_dataset([source], tmp_path / "p", config)
 
 
 def test_a_model_trained_on_the_packs_learns_no_second_end_marker(folders, rows, tmp_path):
@@ -467,3 +472,63 @@ def test_rows_without_a_system_message_drop_their_oldest_rounds(name, folders, r
     assert run.returncode == 0, run.stderr
     by_reason = json.loads((out / MANIFEST_NAME).read_text())["excluded"]["truncated_by_reason"]
     assert by_reason["turns_kept"] == [] and by_reason["turns_dropped"], by_reason
+
+
+def _supervised(rendered) -> list[str]:
+    return [rendered.text[start:end] for start, end in rendered.spans]
+
+
+_TOOL_ROW = {
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+            ],
+        },
+        {"role": "tool", "content": "25C"},
+        {"role": "assistant", "content": "It is 25C."},
+    ],
+}
+
+
+def test_a_closing_that_differs_at_the_end_of_the_conversation_is_cut_at_the_end_marker():
+    """Phi-3-style: the EOS is written only after the last turn, so the closing there is
+    ``<|end|>\\n<|endoftext|>`` and between turns ``<|end|>\\n<|user|>``: both supervise ``<|end|>``
+    alone (before, the next ``<|`` header and the newline and EOS were supervised)."""
+    from tightpack.prepare.formats import FormatConfig, render_row
+
+    from .chat_templates import PHI3
+
+    turns = [("user", "Hi"), ("assistant", "Hello"), ("user", "Bye"), ("assistant", "Goodbye")]
+    row = {"messages": [{"role": role, "content": content} for role, content in turns]}
+    rendered = render_row(row, FormatConfig(format="chat"), PHI3, {"eos_token": "<|endoftext|>"})
+    assert _supervised(rendered) == ["Hello<|end|>", "Goodbye<|end|>"]
+    assert not rendered.append_eos and rendered.text.endswith("<|end|>\n<|endoftext|>")
+
+
+def test_tool_calls_written_in_place_of_the_content_are_supervised_and_tools_with_a_system_turn_render():
+    """Llama-3.1-style: the call's JSON is the turn's text (it was left unsupervised), and a template
+    that refuses the system turn alone with tools no longer refuses the row."""
+    from tightpack.prepare.formats import FormatConfig, render_row
+
+    from .chat_templates import LLAMA31_TOOLS
+
+    rendered = render_row(_TOOL_ROW, FormatConfig(format="chat"), LLAMA31_TOOLS, {"bos_token": "<s>"})
+    assert _supervised(rendered) == [
+        '{"name": "get_weather", "parameters": {"city": "Rome"}}<|eot_id|>',
+        "It is 25C.<|eot_id|>",
+    ]
+
+
+def test_a_conversation_ending_with_a_user_turn_gets_no_eos_after_the_templates_text():
+    from tightpack.prepare.formats import FormatConfig, render_row
+
+    row = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                        {"role": "user", "content": "Bye"}]}  # fmt: skip
+    rendered = render_row(row, FormatConfig(format="chat"), TEMPLATES["chatml-one-block"], {})
+    assert rendered.text.endswith("Bye<|im_end|>\n") and not rendered.append_eos

@@ -554,12 +554,15 @@ def test_chat_a_short_user_turn_passes_its_share_to_the_tool_turn_of_its_round(t
 
 
 def test_a_conversation_whose_rounds_cannot_be_dropped_is_trimmed_and_says_why():
-    """Segments of unit ROUNDS_KEPT (a template that merges turns) are trimmed as always-kept ones are,
-    no round goes, and the reason is turns_kept; the same rounds with their own units are dropped."""
+    """Rounds marked ROUNDS_KEPT - r (a template that merges turns) are not dropped: their user text is
+    trimmed, oldest round first, and the reason is turns_kept; the same rounds with their own units
+    are dropped."""
     starts, kinds = [0, 1, 3, 5, 7], [KEEP, PROMPT, ANSWER, PROMPT, ANSWER]
-    merged = [ROUNDS_KEPT] * 5
+    merged = [-1, ROUNDS_KEPT, ROUNDS_KEPT, ROUNDS_KEPT - 1, ROUNDS_KEPT - 1]
     ranges, reason = keep_ranges(9, starts, kinds, merged, 7, "right")
     assert REASONS[reason] == "turns_kept"
-    assert ranges == [(0, 2), (3, 6), (7, 9)]  # each user text gives one token, both answers stay
+    assert ranges == [(0, 1), (3, 9)]  # the oldest user text goes first, both answers stay
+    ranges, reason = keep_ranges(9, starts, kinds, merged, 6, "right")
+    assert (ranges, REASONS[reason]) == ([(0, 1), (3, 6), (7, 9)], "turns_kept")  # then the next one
     ranges, reason = keep_ranges(9, starts, kinds, [-1, 0, 0, 1, 1], 7, "right")
     assert (ranges, REASONS[reason]) == ([(0, 1), (5, 9)], "turns_dropped")

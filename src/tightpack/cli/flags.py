@@ -37,6 +37,7 @@ FLAGS = {
     "format": "--format",
     "format='tokens'": "--format tokens",
     "loss_on": "--loss-on",
+    "template_vars": "--template-var",
     "input_key": "--input-key",
     "output_key": "--output-key",
     "input_key/output_key or format": "--input-key/--output-key or --format",

@@ -16,10 +16,11 @@ kind             meaning
 ===============  ==============================================================================
 
 ``unit`` is -1 for segments that are always kept, else the conversation round they belong to (a
-round ends with an assistant turn); rounds are dropped whole. ``ROUNDS_KEPT`` (-2) marks the segments
-of a conversation whose rounds cannot be dropped (a chat template that merges text across turns, such
-as Gemma's system prompt in the first user turn): they are kept as -1 segments are, and such a sample
-that must be cut records why (``turns_kept``). A sample of ``n`` stored tokens above
+round ends with an assistant turn); rounds are dropped whole. ``ROUNDS_KEPT - r`` (-2, -3, ...) marks
+round ``r`` of a conversation whose rounds cannot be dropped (a chat template that merges text across
+turns, such as Gemma's system prompt in the first user turn): no such round is dropped, their text is
+trimmed round by round after the -1 unit, oldest first, and such a sample that must be cut records
+why (``turns_kept``). A sample of ``n`` stored tokens above
 ``limit`` (the cap + 1) is cut by these steps, each only while it is still too long:
 
 1. drop whole rounds, oldest first, never the last one (it holds the last assistant turn);
@@ -95,7 +96,7 @@ KEEP, PROMPT, ANSWER = 0, 1, 2
 #: Reason codes of `TruncationPlan.reasons`, by index.
 REASONS = ("prompt_trimmed", "turns_dropped", "answer_cut", "end_cut", "turns_kept")
 _PROMPT_TRIMMED, _TURNS_DROPPED, _ANSWER_CUT, _END_CUT, _TURNS_KEPT = range(5)
-#: The unit of the segments of a conversation whose rounds cannot be dropped (module docstring).
+#: The unit of round 0 of a conversation whose rounds cannot be dropped, round r is ``ROUNDS_KEPT - r``.
 ROUNDS_KEPT = -2
 
 TruncationMethod = Literal["right", "left"]
@@ -148,7 +149,9 @@ def keep_ranges(
     for segment, unit in enumerate(units):
         members.setdefault(unit, []).append(segment)
     rounds = sorted(unit for unit in members if unit >= 0)
-    always = sorted(unit for unit in members if unit < 0)
+    always = sorted(
+        (unit for unit in members if unit < 0), reverse=True
+    )  # -1, then rounds kept, oldest first
 
     dropped = False
     for unit in rounds[:-1]:
@@ -212,7 +215,7 @@ def keep_ranges(
         return ranges, _ANSWER_CUT
     if dropped:
         return ranges, _TURNS_DROPPED
-    if ROUNDS_KEPT in members:
+    if always[-1:] and always[-1] <= ROUNDS_KEPT:
         return ranges, _TURNS_KEPT
     return ranges, _PROMPT_TRIMMED if trimmed else _END_CUT
 

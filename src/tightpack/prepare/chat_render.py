@@ -134,19 +134,19 @@ def _render_chat(
     if chat_template is None:
         if variables:
             raise RowError(
-                "template variables are set (--template-var) but the tokenizer has no chat template: the "
+                "template variables (template_vars) are set but the tokenizer has no chat template: the "
                 "built-in template takes none; drop them or use a tokenizer with a chat template"
             )
         text, spans, segments = _render_builtin(messages, tools, turns, units)
         add_special, append_eos = True, True
     else:
-        text, spans, segments, closed, note = _render_template(
+        text, spans, segments, open_end, note = _render_template(
             messages, tools, turns, units, chat_template, special, variables
         )
         if note is not None and config.chat_truncation == "oldest-turns":
             _warn_once(note)
         add_special = False  # templates write their own BOS
-        append_eos = not closed  # the template's end marker ends the sample, as in transformers' mask
+        append_eos = open_end  # the template's end marker ends the sample, as in transformers' mask
     if config.loss_on == "all":
         spans = ((0, len(text)),)
     if config.chat_truncation == "end":  # no round is dropped and no text trimmed: the end is cut
@@ -211,12 +211,10 @@ def _render_template(messages, tools, turns, units, chat_template: str, special,
         spans = _block_spans(generation, located, turns)
     else:
         spans = [(located[t].start, located[t].end) for t in turns if t in located]
-    last = max(located, default=None)
-    closes_itself = (
-        last is not None and last == len(messages) - 1 and located[last].end > located[last].content[1]
-    )
+    last = len(messages) - 1  # an EOS only after a last assistant turn the template leaves open
+    open_end = last in located and located[last].end == located[last].content[1]
     segments, note = _template_segments(text, messages, units, located, render)
-    return text, spans, segments, closes_itself, note
+    return text, spans, segments, open_end, note
 
 
 _GENERATION = re.compile(r"\{%[-+]?\s*generation\s*[-+]?%\}")
@@ -247,7 +245,12 @@ def _template_segments(text, messages, units, located, render):
     and the row's note says why.
     """
     leading = units.index(0) if 0 in units else len(messages)
-    head = render(messages[:leading])[0] if leading and 0 in units else ""
+    head = ""
+    if leading and 0 in units:
+        try:
+            head = render(messages[:leading])[0]
+        except RowError:  # a template may refuse the system turn alone (Llama-3.1 with tools)
+            head = ""
     system_end = len(head) if text.startswith(head) else 0
     segments = [(0, KEEP, -1), (system_end, KEEP, units[leading] if leading < len(units) else -1)]
     cursor = system_end
@@ -294,5 +297,8 @@ def _template_segments(text, messages, units, located, render):
     # Earlier answers' contents may then be trimmed like user text (their end markers stay), the last
     # answer is cut last.
     contents = {located[t].content[0] for t in located if 0 <= units[t] < max(units)}
-    kept = [(p, k | (PROMPT if k & ANSWER and p in contents else 0), ROUNDS_KEPT) for p, k, _ in segments]
+    kept = [
+        (p, k | (PROMPT if k & ANSWER and p in contents else 0), -1 if unit < 0 else ROUNDS_KEPT - unit)
+        for p, k, unit in segments
+    ]
     return kept, None

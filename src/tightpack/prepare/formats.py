@@ -26,7 +26,8 @@ supervised when the last message is: the built-in template's EOS is its end mark
 closes each turn with its own end marker (``<|im_end|>``, ``<|eot_id|>``, ``</s>``,
 ``<end_of_turn>``): the assistant turn's supervision ends with it, the whitespace the template
 writes after it is not supervised, and no EOS is appended (transformers' assistant mask appends
-nothing either). Only a template that writes nothing after the last turn's content gets the EOS.
+nothing either). Only a template that writes nothing after the content of a last assistant turn
+gets the EOS.
 How turns are located in a template's rendering is `tightpack.prepare.template_turns`.
 """
 

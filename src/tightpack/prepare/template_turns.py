@@ -92,8 +92,49 @@ def _content_region(text: str, marked: str) -> tuple[int, int] | None:
     return start, end
 
 
-def _with_sentinel(messages: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
-    return [{**m, "content": SENTINEL} if i == turn else m for i, m in enumerate(messages)]
+def _with_sentinel(messages: list[dict[str, Any]], turn: int, calls: bool = False) -> list[dict[str, Any]]:
+    """``messages`` with the content of ``turn`` replaced by the sentinel; ``calls``: the name and the
+    arguments of its tool calls too (for templates that write the calls in place of the content; the
+    calls stay, with their ids, so that the tool turns after them still render)."""
+    message = {**messages[turn], "content": SENTINEL}
+    if calls:
+        message["tool_calls"] = [
+            {**call, "function": {**call["function"], "name": SENTINEL, "arguments": {SENTINEL: SENTINEL}}}
+            for call in message["tool_calls"]
+        ]
+    return [message if i == turn else m for i, m in enumerate(messages)]
+
+
+def _turn_region(
+    text: str, messages: list[dict[str, Any]], turn: int, render: Render
+) -> tuple[int, int] | None:
+    """Where ``text`` (``messages`` rendered) holds what the template wrote for assistant ``turn``: from
+    its content, or, when the template does not write the content (Llama-3.1 and Mistral write the tool
+    calls in its place), from its tool calls; None when neither shows in the text."""
+    region = _content_region(text, render(_with_sentinel(messages, turn)))
+    if region is None and messages[turn].get("tool_calls"):
+        region = _content_region(text, render(_with_sentinel(messages, turn, calls=True)))
+    return region
+
+
+_FOLLOWER = {"role": "user", "content": SENTINEL}
+
+
+def _closing_end(closing: str, followed: str) -> int:
+    """How much of ``closing`` (what the template writes after a turn's content at the end of a
+    conversation) closes the turn: the part it shares with ``followed`` (what it writes when another
+    message follows), cut back to the last whole word when the two part inside one (``<|end|>\n<|``
+    of ``<|endoftext|>`` and ``<|user|>``), then without trailing whitespace.
+
+    >>> _closing_end("<|im_end|>\n", "<|im_end|>\n<|im_start|>user")
+    10
+    >>> _closing_end("<|end|>\n<|endoftext|>", "<|end|>\n<|user|>\nhi")
+    7
+    """
+    shared = common_prefix(closing, followed)
+    if shared < len(closing) and shared < len(followed):
+        shared = max(closing.rfind(c, 0, shared) + 1 for c in " \n\t>]}")
+    return len(closing[:shared].rstrip())
 
 
 def _prompt_end(prompt: str, through: str, content_start: int) -> int:
@@ -115,6 +156,16 @@ def _prompt_end(prompt: str, through: str, content_start: int) -> int:
     return head.rfind(prompt[len(prompt) - low :]) + low
 
 
+def _followed_closing(messages, turn: int, render: Render, b: int, text: str) -> str | None:
+    """What the template writes after the last turn's content when a user message follows it; None
+    when it refuses such a conversation or rewrites the turn for it."""
+    try:
+        longer = render([*messages, _FOLLOWER])
+    except Exception:
+        return None
+    return longer[b:] if longer[:b] == text[:b] else None
+
+
 def locate_turns(text: str, messages: list[dict[str, Any]], render: Render) -> dict[int, Turn]:
     """The assistant turns of ``messages`` in ``text`` (their rendering), by the module's rule.
 
@@ -126,7 +177,7 @@ def locate_turns(text: str, messages: list[dict[str, Any]], render: Render) -> d
     for turn, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        region = _content_region(text, render(_with_sentinel(messages, turn)))
+        region = _turn_region(text, messages, turn, render)
         if region is None:
             continue
         a, b = region
@@ -134,7 +185,7 @@ def locate_turns(text: str, messages: list[dict[str, Any]], render: Render) -> d
         if text.startswith(through) and b <= len(through):
             local = region  # rendered prefix by prefix: the same positions
         else:
-            local = _content_region(through, render(_with_sentinel(messages[: turn + 1], turn)))
+            local = _turn_region(through, messages[: turn + 1], turn, render)
             if local is None:
                 continue
         prompt = render(messages[:turn], generation_prompt=True)
@@ -142,7 +193,10 @@ def locate_turns(text: str, messages: list[dict[str, Any]], render: Render) -> d
         start = a - len(lead) if text.endswith(lead, floor, a) and a - len(lead) >= floor else a
         closing = through[local[1] :]
         shared = common_prefix(text[b : b + len(closing)], closing)
-        end = b + len(closing[:shared].rstrip())
+        followed = text[b:]
+        if turn == len(messages) - 1:  # what the template writes when a message follows the last turn
+            followed = _followed_closing(messages, turn, render, b, text) or followed
+        end = b + _closing_end(closing, followed)
         located[turn] = Turn(start, (a, b), max(end, b), b + shared)
         floor = b + shared
     return located

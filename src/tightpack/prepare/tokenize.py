@@ -308,8 +308,9 @@ def tokenize_to_store(
     reset_warnings()  # each run reports an unknown message key once (once per worker process)
     if config.template_vars and spec.chat_template is None and config.format in ("chat", "auto"):
         raise TightpackError(
-            f"template variables are set (--template-var) but tokenizer {spec.name!r} has no chat template: "
-            "the built-in template takes none; drop them or use a tokenizer with a chat template"
+            f"template variables (template_vars) are set but tokenizer {spec.name!r} has no chat "
+            "template: the built-in template takes none; drop them or use a tokenizer with a chat template",
+            parameters=("template_vars",),
         )
     writer = TokenStoreWriter(store_dir)
     rows_read, bad_rows, texts_cut, kinds = 0, [], 0, set()
