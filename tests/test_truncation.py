@@ -66,18 +66,19 @@ def test_the_answer_named_as_a_truncation_field_is_trimmed_after_the_prompt_fiel
     # input 6, literal 1, output 6 (a truncation field too), EOS 1; limit 8: the input gives 6 first
     starts, kinds, units = [0, 6, 7, 13], [PROMPT, KEEP, PROMPT | ANSWER, KEEP], [-1] * 4
     assert keep_ranges(14, starts, kinds, units, 8, "right") == ([(6, 14)], 0)
-    # limit 5: the output gives 3 more, at its end with right (the EOS stays); with left the literal
-    # before it goes first (left keeps the end), then the output gives 2 at its start
-    assert keep_ranges(14, starts, kinds, units, 5, "right") == ([(6, 10), (13, 14)], 2)
+    # limit 5: with right the output loses its end, its EOS first (a cut answer is not taught to
+    # stop); with left the literal before it goes first (left keeps the end), then the output gives 2
+    # at its start and keeps its EOS
+    assert keep_ranges(14, starts, kinds, units, 5, "right") == ([(6, 11)], 2)
     assert keep_ranges(14, starts, kinds, units, 5, "left") == ([(9, 14)], 2)
 
 
 def _oracle(n, starts, kinds, units, limit, method):
     """keep_ranges token by token: whole rounds, oldest first; then one trimmable token at a time
     (prompt-only text, units in order, within a unit from the segment that gave least, the first of
-    those); with left, the first token while it precedes the answer; answers that are truncation
-    fields, the same way; then the last token, one at a time. Returns the kept positions and the
-    rounds dropped."""
+    those); with left, in a prompt-completion sample with prompt text, the first token while it
+    precedes the answer; answers that are truncation fields, the same way (with right, not the last
+    answer); then the last token, one at a time. Returns the kept positions and the rounds dropped."""
     ends = [*starts[1:], n]
     kept = [set(range(start, end)) for start, end in zip(starts, ends, strict=True)]
     over = n - limit
@@ -92,6 +93,8 @@ def _oracle(n, starts, kinds, units, limit, method):
         dropped.add(unit)
     gave = [0] * len(starts)
     answers = [s for s in range(len(starts)) if kinds[s] & ANSWER and units[s] not in dropped]
+    final = max(answers) if answers and method == "right" else -1
+    from_start = method == "left" and answers and set(units) == {-1} and any(k & PROMPT for k in kinds)
 
     def trim(answer):
         nonlocal over
@@ -101,7 +104,11 @@ def _oracle(n, starts, kinds, units, limit, method):
                 s
                 for unit in order
                 for s in range(len(starts))
-                if units[s] == unit and kinds[s] & PROMPT and bool(kinds[s] & ANSWER) == answer and kept[s]
+                if units[s] == unit
+                and kinds[s] & PROMPT
+                and bool(kinds[s] & ANSWER) == answer
+                and kept[s]
+                and s != final
             ]
             if not group:
                 return
@@ -112,7 +119,7 @@ def _oracle(n, starts, kinds, units, limit, method):
             over -= 1
 
     trim(False)
-    while over > 0 and method == "left" and answers:  # left keeps the end: what precedes the answer goes
+    while over > 0 and from_start:  # left keeps the end: what precedes the answer goes
         before = [p for segment in range(min(answers)) for p in kept[segment]]
         if not before:
             break
@@ -202,11 +209,12 @@ def test_the_answer_loses_a_token_only_when_no_prompt_text_is_left(sample):
     before_answer = [p for p in positions if p < first_answer]
     if lost(lambda k: k & ANSWER):
         assert not left_over(prompt_only), "an answer cut with prompt text left"
-        assert method == "right" or not before_answer, "left: an answer cut with text before it left"
+        prompt_completion = set(units) == {-1} and any(k & PROMPT for k in kinds)
+        assert method == "right" or not prompt_completion or not before_answer, "left: text before it left"
         assert REASONS[reason] == "answer_cut"
     if lost(lambda k: k == KEEP):
         assert not left_over(prompt_only), "template text cut with trimmable text left"
-        assert method == "left" or not left_over(lambda k: k & PROMPT), "right: template cut before a field"
+        assert method == "left" or not left_over(prompt_only), "right: template cut before a field"
     keep_lost_before_answer = any(
         p not in kept_set
         for s, e, k, u in zip(starts, ends, kinds, units, strict=True)
@@ -566,3 +574,24 @@ def test_a_conversation_whose_rounds_cannot_be_dropped_is_trimmed_and_says_why()
     assert (ranges, REASONS[reason]) == ([(0, 1), (3, 6), (7, 9)], "turns_kept")  # then the next one
     ranges, reason = keep_ranges(9, starts, kinds, [-1, 0, 0, 1, 1], 7, "right")
     assert (ranges, REASONS[reason]) == ([(0, 1), (5, 9)], "turns_dropped")
+
+
+def test_a_trimmed_answer_field_loses_its_eos_and_none_cuts_at_the_end(tmp_path, gpt2):
+    """The tester's cases through ``pack_dataset``: the output named as a truncation field and cut with
+    ``right`` keeps its start and no EOS (it kept a supervised EOS after the cut); with ``left`` it
+    keeps its end and its EOS; ``truncate_fields=()`` with ``left`` cuts the sample at its end (it
+    trimmed the prompt's start)."""
+    row = {"input": "one two three four five six seven eight nine ten", "output": "alpha beta gamma delta"}
+    source = write_jsonl(tmp_path / "row.jsonl", [row])
+    tokens, mask = expected_sample(row, gpt2)
+    answer = tokens[mask.astype(bool)].tolist()[:-1]  # the supervised tokens, less the EOS
+
+    def packed(name, fields, method, cap):
+        format = FormatConfig(truncate_fields=fields, truncation_method=method)
+        config = PackConfig(packed_sequence_size=64, max_seq_length=cap, format=format)
+        pack_dataset([source], tmp_path / name, config)
+        return read_sequences(tmp_path / name)[0]["tokens"].tolist()
+
+    assert packed("right", ("input", "output"), "right", 2) == answer[:3]
+    assert packed("left", ("input", "output"), "left", 2) == [*answer[-2:], gpt2.eos_id]
+    assert packed("none", (), "left", 12) == tokens.tolist()[:13]

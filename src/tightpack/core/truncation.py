@@ -30,14 +30,18 @@ why (``turns_kept``). A sample of ``n`` stored tokens above
    all it has and the others share the rest again; what the unit cannot give passes to the next
    unit. Each segment is cut at its end (``right``: keep the start, the reference's default) or at
    its start (``left``: keep the end);
-3. ``left`` only: cut what precedes the first answer left (template text, fields that are not
-   truncation fields, the system turn) from the sample's start, as the reference does;
-4. trim ``PROMPT | ANSWER`` segments (an answer named as a truncation field) as in step 2;
+3. ``left`` only, prompt-completion samples with a truncation field (every unit -1, some ``PROMPT``
+   text): cut what precedes the answer (template text, fields that are not truncation fields) from
+   the sample's start, as the reference does. Never in conversations: their system turn is kept;
+4. trim ``PROMPT | ANSWER`` segments (an answer named as a truncation field, earlier answers of a
+   conversation whose rounds are kept) as in step 2; with ``right`` the last answer is left to
+   step 5, so that it loses its EOS with its end (with ``left`` it keeps its end, and its EOS);
 5. cut what is still over from the end of the sample: the EOS (or the turn's end marker) goes first,
    then the end of the answer, then whatever precedes it.
 
-So an answer loses a token only when no trimmable prompt text is left (with ``left``: no token
-before it at all), and ``KEEP`` text only in steps 3 and 5 or with a dropped round; with ``right``,
+So an answer loses a token only when no trimmable prompt text is left (with ``left``, in a
+prompt-completion sample: no token before it at all), and ``KEEP`` text only in steps 3 and 5 or with
+a dropped round; with ``right``,
 the ``KEEP`` text before the answer goes only after the whole answer. The kept tokens number exactly
 ``limit``, fewer only when a dropped round took more than needed. Samples without segments
 (pre-tokenized rows) go straight to step 5.
@@ -166,6 +170,10 @@ def keep_ranges(
     # start); an answer that is itself a truncation field. Step 5 (the end) below.
     trimmed = answer_cut = False
     answers = [segment for unit in members for segment in members[unit] if kinds[segment] & ANSWER]
+    # The last answer, trimmed at its end, is left to step 5, which takes its EOS first.
+    final = max(answers) if answers and method == "right" else -1
+    from_start = method == "left" and answers and always == [-1] and not rounds
+    from_start = from_start and any(kind & PROMPT for kind in kinds)
     for answer in (False, True):
         for unit in [*always, *rounds]:
             if over <= 0:
@@ -173,7 +181,7 @@ def keep_ranges(
             group = [
                 segment
                 for segment in members.get(unit, ())
-                if kinds[segment] & PROMPT and bool(kinds[segment] & ANSWER) == answer
+                if kinds[segment] & PROMPT and bool(kinds[segment] & ANSWER) == answer and segment != final
             ]
             remaining = [size[s] - front[s] - back[s] for s in group]
             for segment, cut in zip(group, _shared_cut(over, remaining), strict=True):
@@ -185,7 +193,7 @@ def keep_ranges(
                         front[segment] += cut
                     else:
                         back[segment] += cut
-        if not answer and over > 0 and method == "left" and answers:
+        if not answer and over > 0 and from_start:
             for segment in range(min(answers)):
                 cut = min(over, size[segment] - front[segment] - back[segment])
                 if cut > 0:
