@@ -59,13 +59,13 @@ def parquet_source(path: Path) -> Source:
 
     range_bytes = file_ranges.RANGE_BYTES
     size = path.stat().st_size
-    sha256, _ = sha256_and_count(path)
     try:
         metadata = pq.ParquetFile(path).metadata
     except Exception as error:  # pyarrow raises ArrowInvalid / OSError for a damaged file
         raise TightpackError(f"{path}: not a readable Parquet file ({error})") from error
-    if PACKED_MARK in metadata.schema.to_arrow_schema().names:
+    if PACKED_MARK in metadata.schema.to_arrow_schema().names:  # before hashing a large shard
         raise TightpackError(_packed_data(path, f"packed Parquet: a {PACKED_MARK!r} column"))
+    sha256, _ = sha256_and_count(path)
     groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
 
     def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
