@@ -508,3 +508,38 @@ def test_repack_words_for_vision_cost_models_and_settings_of_a_newer_tightpack()
         "--vision", "qwen2_5_vl", "--media-root", "'/data/my media'",
     ]  # fmt: skip
     assert unknown == ["format.future_setting"]
+
+
+def test_a_repack_whose_cap_rounds_down_to_the_new_multiple_says_the_counts_differ(packs, tmp_path, capsys):
+    """Packs cut at 90 tokens (multiple 1), a configuration with CP 2 (multiple 4): the printed command
+    keeps ``--max-seq-length 90``, which the re-pack rounds down to 88, and says so beside it."""
+    rows = [
+        {
+            "input": random_words(np.random.default_rng(i), 20 + i % 60),
+            "output": random_words(np.random.default_rng(500 + i), 30),
+        }
+        for i in range(120)
+    ]
+    corpus = write_jsonl(tmp_path / "long.jsonl", rows)
+    old = tmp_path / "old"
+    made = ["pack", str(corpus), "--tokenizer", str(packs["tok_a"]), "--pack-size", "256"]
+    assert cli_main([*made, "--max-seq-length", "90", "--output", str(old)]) == 0
+    capsys.readouterr()
+    assert (
+        cli_main(
+            ["validate", _yaml(tmp_path / "c.yaml", base(packs, packed_train_data_path=str(old))), "--json"]
+        )
+        == 1
+    )
+    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    command = error["fix"].removeprefix("Re-pack into a fresh output folder: ").split("; then set")[0]
+    note = (
+        " (its cap of 90 tokens, rounded down to the multiple 4, is 88; the packs were cut at 90: samples "
+        "longer than 88 tokens are cut shorter than before, and the manifest's counts can differ)"
+    )
+    assert command.endswith(f"--max-seq-length 90 --pad-to-max-length --output {old}-p256-m4{note}"), command
+    assert cli_main(shlex.split(command.removesuffix(note))[1:]) == 0
+    before = json.loads((old / "manifest.json").read_text())
+    after = json.loads((Path(f"{old}-p256-m4") / "manifest.json").read_text())
+    assert (before["stats"]["dataset_max_length"], after["stats"]["dataset_max_length"]) == (90, 88)
+    assert after["counts"]["tokens_packed"] < before["counts"]["tokens_packed"]

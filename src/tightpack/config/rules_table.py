@@ -91,7 +91,11 @@ coefficients the manifest records, else `COST_MODEL.json` to replace), `--skip-b
 and the vision options (the manifest records the processor's sizes, not its folder: `--vision-processor
 PROCESSOR_FOLDER` is to replace). Only values other than the defaults are written. So the new packs hold the
 same samples, kept, truncated and dropped for the same reasons, with the same supervised tokens, whenever
-the cap is unchanged (a test runs the printed command and compares the manifests' counts). The table from
+the cap is unchanged and cuts at the same length: every run rounds its cap down to its alignment multiple,
+so a cap that is not a multiple of the new multiple can cut elsewhere (packs cut at `--max-seq-length 90`
+with multiple 1, re-packed with `--cp 2`, multiple 4, are cut at 88, and the samples longer than 88 tokens
+lose tokens), and the printed command then says so beside it, with both lengths. Tests run the printed
+command and compare the manifests' counts, and the lengths of the rounded case. The table from
 setting to flag is `tightpack.pack_flags.SETTING_FLAGS`; a test fails when a field of `PackConfig` or
 `FormatConfig` has no entry, or an entry names a flag `tightpack pack` lacks. A manifest setting the running
 tightpack does not know (a newer version's) is named after the command, not dropped silently.

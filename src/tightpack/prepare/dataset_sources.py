@@ -16,6 +16,7 @@ from typing import Any
 
 from tightpack.errors import TightpackError
 from tightpack.prepare.chunks import Chunk, Source
+from tightpack.prepare.file_sources import PACKED_MARK
 
 __all__ = ["dataset_source", "datasets_kind", "pick_split", "rows_source", "saved_dataset"]
 
@@ -95,6 +96,11 @@ def dataset_source(dataset: Any, kind: str, split: str | None = None) -> Source:
     """
     label = getattr(getattr(dataset, "info", None), "dataset_name", None) or "in memory"
     name = f"dataset {label}" + (f" split {split!r}" if split is not None else "")
+    if PACKED_MARK in (getattr(dataset, "column_names", None) or ()):  # e.g. from `to_hf_dataset`
+        raise TightpackError(
+            f"input {name} is packed data (a {PACKED_MARK!r} column: one row per pack), not rows: "
+            "inputs are rows of samples; to re-pack give the rows they were packed from"
+        )
     if kind == "iterable":
         identity = {"dataset": name, "streaming": True}  # no content fingerprint: never reused
         return rows_source(lambda: dataset, name, identity, None, nulls_absent=True)

@@ -20,6 +20,9 @@ __all__ = ["JSONL_SUFFIXES", "PARQUET_SUFFIXES", "file_source", "jsonl_source", 
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: The column that makes a Parquet file packed data: tightpack's and Megatron-Bridge's packed rows
+#: hold several sequences each, and say where each starts. Rows to pack never have it.
+PACKED_MARK = "seq_start_id"
 
 
 def _line_count(path: Path, newlines: int, size: int) -> int:
@@ -56,11 +59,13 @@ def parquet_source(path: Path) -> Source:
 
     range_bytes = file_ranges.RANGE_BYTES
     size = path.stat().st_size
-    sha256, _ = sha256_and_count(path)
     try:
         metadata = pq.ParquetFile(path).metadata
     except Exception as error:  # pyarrow raises ArrowInvalid / OSError for a damaged file
         raise TightpackError(f"{path}: not a readable Parquet file ({error})") from error
+    if PACKED_MARK in metadata.schema.to_arrow_schema().names:  # before hashing a large shard
+        raise TightpackError(_packed_data(path, f"packed Parquet: a {PACKED_MARK!r} column"))
+    sha256, _ = sha256_and_count(path)
     groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
 
     def read(first_sample: int, chunk_rows: int) -> Iterator[Chunk]:
@@ -73,6 +78,16 @@ def parquet_source(path: Path) -> Source:
         metadata.num_rows,
         read,
         InputFile("parquet", size, range_bytes, row_groups=row_groups),
+    )
+
+
+def _packed_data(path: Path, layout: str) -> str:
+    """Why a packed file is not an input: re-reading packs as rows would pack their sequences into
+    one sample and misread the label-aligned mask as token-aligned."""
+    shown = str(path)
+    return (
+        f"input {shown!r} is packed data ({layout}), not rows: inputs are JSONL or Parquet rows; to "
+        f"see the packs run `tightpack inspect {shown}`, to re-pack give the rows they were packed from"
     )
 
 
@@ -99,6 +114,8 @@ def file_source(path: Path) -> Source:
         return parquet_source(path)
     if suffix in JSONL_SUFFIXES:
         return jsonl_source(path)
+    if suffix == ".npy":
+        raise TightpackError(_packed_data(path, "a legacy packed .npy"))
     raise TightpackError(
         f"input {str(path)!r}: unknown file type {suffix or '(none)'}; use JSON lines "
         "(.jsonl, .json) or Parquet (.parquet)"

@@ -2,8 +2,10 @@
 
 No tokenizer runs; the ids are checked against the vocabulary and an EOS is appended as for text
 samples (unless the row already ends with it), supervised when the row's last token is. Without a
-``loss_mask`` every token is supervised. Parquet list columns are read straight from Arrow buffers,
-so a chunk never becomes per-token Python objects; JSON rows are converted row by row.
+``loss_mask`` every token is supervised; a null ``loss_mask`` (JSON ``null``, a null Parquet or
+``datasets`` value) is no ``loss_mask``, as a null is an absent key in columnar rows. Parquet list
+columns are read straight from Arrow buffers, so a chunk never becomes per-token Python objects;
+JSON rows are converted row by row.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _from_arrow(
         )
     bad: list[tuple[int, str]] = []
 
-    def flat(column, what: str, bool_ok: bool) -> tuple[np.ndarray, np.ndarray]:
+    def flat(column, what: str, bool_ok: bool, null_ok: bool = False) -> tuple[np.ndarray, np.ndarray]:
         if not pa.types.is_list(column.type) and not pa.types.is_large_list(column.type):
             raise TightpackError(f"{source}: column of type {column.type} is not a list of integers")
         lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
@@ -42,7 +44,8 @@ def _from_arrow(
         allowed = pa.types.is_integer(values.type) or (bool_ok and pa.types.is_boolean(values.type))
         if not allowed:
             raise TightpackError(f"{source}: {what} values of type {values.type} are not integers")
-        bad.extend((int(row), f"{what} is null") for row in np.flatnonzero(np.asarray(column.is_null())))
+        if not null_ok:
+            bad.extend((int(row), f"{what} is null") for row in np.flatnonzero(np.asarray(column.is_null())))
         if values.null_count:
             offsets = np.concatenate(([0], np.cumsum(lengths)))
             at = np.flatnonzero(np.asarray(values.is_null()))
@@ -52,20 +55,24 @@ def _from_arrow(
         return lengths, values.to_numpy(zero_copy_only=False).astype(np.int64)
 
     lengths, ids = flat(batch.column(TOKENS_KEY), TOKENS_KEY, bool_ok=False)
-    if MASK_KEY not in batch.schema.names:
+    if MASK_KEY not in batch.schema.names or pa.types.is_null(batch.schema.field(MASK_KEY).type):
         return lengths, ids, None, bad
-    mask_lengths, values = flat(batch.column(MASK_KEY), MASK_KEY, bool_ok=True)
-    fits = mask_lengths == lengths
+    mask_column = batch.column(MASK_KEY)
+    mask_lengths, values = flat(mask_column, MASK_KEY, bool_ok=True, null_ok=True)
+    absent = np.asarray(mask_column.is_null(), dtype=bool)  # a null mask: every token supervised
+    fits = (mask_lengths == lengths) & ~absent
     bad.extend(
-        (int(row), f"{MASK_KEY} has a different length than {TOKENS_KEY}") for row in np.flatnonzero(~fits)
+        (int(row), f"{MASK_KEY} has a different length than {TOKENS_KEY}")
+        for row in np.flatnonzero(~fits & ~absent)
     )
     if fits.all():
         return lengths, ids, values, bad
-    # Keep the masks of the rows whose lengths agree, token for token; the others are dropped as bad.
+    # Keep the masks of the rows whose lengths agree, token for token; a row without a mask is all
+    # ones, and the rows whose lengths differ are dropped as bad.
     row_of_token = np.repeat(np.arange(len(lengths)), lengths)
     position = np.arange(len(ids)) - (np.cumsum(lengths) - lengths)[row_of_token]
     kept = fits[row_of_token]
-    mask = np.zeros(len(ids), dtype=np.int64)
+    mask = np.ones(len(ids), dtype=np.int64)
     mask_starts = np.cumsum(mask_lengths) - mask_lengths
     mask[kept] = values[mask_starts[row_of_token[kept]] + position[kept]]
     return lengths, ids, mask, bad
@@ -95,7 +102,7 @@ def _from_rows(rows: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | No
                     f"missing key {TOKENS_KEY!r} (keys found: {', '.join(sorted(map(str, row))) or 'none'})"
                 )
             row_ids = _integers(row[TOKENS_KEY], TOKENS_KEY, bool_ok=False)
-            if MASK_KEY in row:
+            if row.get(MASK_KEY) is not None:
                 row_mask = _integers(row[MASK_KEY], MASK_KEY, bool_ok=True)
                 if row_mask.shape != row_ids.shape:
                     raise ValueError(f"{MASK_KEY} has a different length than {TOKENS_KEY}")

@@ -136,9 +136,11 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
     Raises:
         TightpackError: on an empty list (no input given: that is not the demo corpus), a file
             given twice (the same path twice, or a path and a pattern matching it), a path that
-            is not a file (a packed folder is named as such), a pattern matching no file, an
-            unknown file type, a ``DatasetDict`` without ``split`` (when it has several), a
-            ``split`` not in it or with no ``DatasetDict`` to apply to, or an unsupported input.
+            is not a file (a packed folder is named as such), packed data (a Parquet file with a
+            ``seq_start_id`` column, a legacy packed ``.npy``, a dataset of packs), a pattern
+            matching no file, an unknown file type, a ``DatasetDict`` without ``split`` (when it
+            has several), a ``split`` not in it or with no ``DatasetDict`` to apply to, or an
+            unsupported input.
 
     A generator yielding nothing is a source with no rows, which `tightpack.pipeline.pack_dataset`
     reports as such.

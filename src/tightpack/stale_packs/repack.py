@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from tightpack.config.derive import has_fixed_width
-from tightpack.core.alignment import alignment_multiple
+from tightpack.core.alignment import alignment_multiple, length_cap
+from tightpack.errors import TightpackError
+from tightpack.pack_config import PackConfig
 from tightpack.pack_flags import sample_flags
 from tightpack.stale_packs.result import CheckedSplit
 from tightpack.stale_packs.rules import SPECS as _SPECS
@@ -65,6 +67,9 @@ class Repack:
         output = f"{str(base).rstrip(os.sep)}-p{size}-m{target}"
         words += ["--output", shlex.quote(output)]
         command = " ".join(words)
+        note = _cap_note(settings, cap or size, target)
+        if note:
+            command += f" ({note})"
         if unknown:  # recorded by a newer tightpack: say so rather than drop them
             command += f" (and the recorded {', '.join(unknown)}, which this tightpack has no flag for)"
         return command, output
@@ -79,6 +84,35 @@ def _repack_cap(settings: Mapping[str, Any], configured: int | None, size: int |
     if not cap or not recorded_size or cap >= recorded_size:
         return None
     return min(cap, size) if size else cap
+
+
+def _cap_note(settings: Mapping[str, Any], cap: int | None, multiple: int) -> str | None:
+    """Why the re-packed counts will differ although the cap is the one the manifest records: rounded
+    down to the new alignment multiple (as every run rounds it), it is not the length the packs were
+    cut at; None when it is, or when the re-pack asks for another cap."""
+    recorded_size = settings.get("packed_sequence_size")
+    if not cap or not recorded_size:
+        return None
+    before = PackConfig(
+        packed_sequence_size=recorded_size,
+        max_seq_length=settings.get("max_seq_length"),
+        pad_seq_to_mult=settings.get("pad_seq_to_mult"),
+        tp=settings.get("tp") or 1,
+        cp=settings.get("cp") or 1,
+        sp=bool(settings.get("sp")),
+    )
+    try:
+        old, new = before.cap, length_cap(cap, multiple)
+    except TightpackError:  # a cap below the multiple: the re-pack itself says so
+        return None
+    if old == new or cap != (before.max_seq_length or recorded_size):
+        return None  # the same cut, or another cap asked for (a new pack size): no surprise
+    how = "shorter" if new < old else "longer"
+    return (
+        f"its cap of {cap} tokens, rounded down to the multiple {multiple}, is {new}; the packs were "
+        f"cut at {old}: samples longer than {min(old, new)} tokens are cut {how} than before, and the "
+        "manifest's counts can differ"
+    )
 
 
 def _repack_tokenizer(manifest: Mapping[str, Any], raw: Mapping[str, Any]) -> str | None:
