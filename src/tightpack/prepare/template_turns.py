@@ -121,7 +121,7 @@ _FOLLOWER = {"role": "user", "content": SENTINEL}
 
 
 def _closing_end(closing: str, followed: str) -> int:
-    """How much of ``closing`` (what the template writes after a turn's content at the end of a
+    r"""How much of ``closing`` (what the template writes after a turn's content at the end of a
     conversation) closes the turn: the part it shares with ``followed`` (what it writes when another
     message follows), cut back to the last whole word when the two part inside one (``<|end|>\n<|``
     of ``<|endoftext|>`` and ``<|user|>``), then without trailing whitespace.
