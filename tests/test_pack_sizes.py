@@ -61,11 +61,13 @@ def demo_packed(demo_rows, tmp_path_factory):
 def test_a_row_is_what_packing_at_that_size_writes(demo_comparison, demo_packed):
     row, counts, stats = demo_comparison.row(1024), demo_packed["counts"], demo_packed["stats"]
     assert row.truncated > 0 and row.supervised_lost > 0  # the demo corpus has chats longer than 1024
-    assert (row.packs, row.lower_bound, row.gap) == (stats["packs"], stats["lower_bound_l2"], stats["gap"])
+    for field in ("packs", "lower_bound", "lower_bound_l2", "gap"):
+        assert getattr(row, field) == stats[field], field
     assert row.fill == pytest.approx(stats["efficiency"], abs=0)
     assert row.samples_packed == counts["packed"]
     assert row.truncated == counts["truncated"]
     assert row.dropped_long == counts["dropped_long"]
+    assert row.no_supervised == counts["no_supervised"]
     assert row.lost_after_truncation == counts["no_supervised_after_truncation"]
     assert (row.tokens_lost, row.supervised_lost) == (counts["tokens_lost"], counts["supervised_lost"])
     assert row.supervised_lost_share == counts["supervised_lost"] / counts["supervised_in"]

@@ -31,16 +31,14 @@ def assert_row_is_pack(row: dict, manifest: dict) -> None:
     """Every column of a plan row against the manifest ``tightpack pack`` wrote at that size."""
     counts, stats = manifest["counts"], manifest["stats"]
     assert row["pack_size"] == manifest["settings"]["packed_sequence_size"]
-    assert (row["packs"], row["lower_bound"], row["gap"]) == (
-        stats["packs"],
-        stats["lower_bound_l2"],
-        stats["gap"],
-    )
+    for column in ("packs", "lower_bound", "lower_bound_l2", "gap"):
+        assert row[column] == stats[column], column
     assert row["fill"] == stats["efficiency"]
     assert row["attention_cost"] == pytest.approx(stats["attention_cost_mean"] * stats["packs"], rel=1e-12)
     for column, count in [
         ("samples_packed", "packed"), ("truncated", "truncated"), ("dropped_long", "dropped_long"),
-        ("lost_after_truncation", "no_supervised_after_truncation"), ("tokens_in", "tokens_in"),
+        ("no_supervised", "no_supervised"), ("lost_after_truncation", "no_supervised_after_truncation"),
+        ("tokens_in", "tokens_in"),
         ("supervised_in", "supervised_in"), ("tokens_lost", "tokens_lost"),
         ("supervised_lost", "supervised_lost"), ("alignment_padding", "alignment_padding"),
     ]:  # fmt: skip
@@ -149,3 +147,99 @@ def test_vision_rows_are_sized_by_the_processor(tmp_path):
     assert_row_is_pack(data["rows"][0], manifest)
     text_only = run_main(["plan", str(inputs), "--pack-sizes", "256", "--token-slots", "256"])
     assert text_only.returncode == 2  # image parts without --vision-processor: refused, as by pack
+
+
+def _cell(stdout: str, label: str) -> list[str]:
+    """The cells of one measure of the plan table (``│ label │ cell │ cell │``), one per pack size."""
+    (line,) = [line for line in stdout.splitlines() if line.startswith(f"│ {label} ")]
+    return [cell.strip() for cell in line.strip("│ ").split("│")[1:]]
+
+
+def _summary(stdout: str, label: str) -> str:
+    """A value of ``pack``'s summary table (``│ label │ value │``)."""
+    (line,) = [line for line in stdout.splitlines() if line.startswith(f"│ {label} ")]
+    return line.strip("│ ").split("│")[1].strip()
+
+
+def test_a_size_pack_refuses_is_a_column_that_cannot_run_and_the_others_are_planned(tmp_path, chat_rows):
+    """At 8 tokens no chat sample keeps a supervised token: ``pack --pack-size 8`` stops; the plan says
+    so in that column, plans 2048 and recommends it (it exited 2 on the whole plan before)."""
+    inputs = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    refused = run_main(["pack", str(inputs), "--pack-size", "8", "--output", str(tmp_path / "packed")])
+    assert refused.returncode == 2
+    args = ["plan", str(inputs), "--pack-sizes", "8,2048", "--token-slots", "4096"]
+    done = run_main(args)
+    assert done.returncode == 0, done.stderr
+    assert "recommended: 2048 " in done.stdout and "8 cannot run (no sample left to pack" in done.stdout
+    assert f"note: 8: {refused.stderr.removeprefix('error: ').strip()}" in " ".join(done.stderr.split())
+    assert _cell(done.stdout, "packs (lower bound)")[0] == "n/a"
+    data = json.loads(run_main([*args, "--json"]).stdout)
+    small, large = data["rows"]
+    assert (data["recommended"], small["packs"], large["note"]) == (2048, None, "")
+    assert small["note"].startswith("no sample left to pack (80 rows in, 0 bad, 0 too long, 80 without")
+    assert data["samples_in"] == 80 and data["supervised_in"] == large["supervised_in"]
+
+
+def test_long_samples_error_stops_only_the_sizes_with_a_long_sample(tmp_path):
+    """``--long-samples error``: at 128 some samples are longer, at 2048 none. The 128 column says what
+    ``pack`` says, in plan's options; 2048 is planned. When every size has one, plan exits 1."""
+    rng = np.random.default_rng(3)
+    rows = [{"input": random_words(rng, 10 + i % 200), "output": random_words(rng, 5)} for i in range(60)]
+    inputs = write_jsonl(tmp_path / "rows.jsonl", rows)
+    args = ["plan", str(inputs), "--pack-sizes", "128,2048", "--token-slots", "4096"]
+    args += ["--long-samples", "error"]
+    done = run_main(args)
+    assert done.returncode == 0, done.stderr
+    (note,) = [line for line in done.stderr.splitlines() if line.startswith("note: 128: ")]
+    assert "samples are longer than the cap of 128 tokens (first: source row" in note
+    assert "--long-samples truncate or drop" in note and "--pack-sizes" in note
+    assert "--pack-size/" not in note and "max-seq-length" not in note and "long_samples" not in note
+    assert "recommended: 2048 " in done.stdout
+    none_runs = run_main(["plan", str(inputs), "--pack-sizes", "64,128", "--token-slots", "1024",
+                          "--long-samples", "error"])  # fmt: skip
+    assert none_runs.returncode == 1, none_runs.stderr
+    assert "recommended: no pack size can run: 64: " in none_runs.stdout
+
+
+def test_skipped_rows_name_plans_options_as_pack_does(tmp_path):
+    lines = [json.dumps({"input": "a good row", "output": "yes"}), json.dumps({"question": "no keys"})]
+    inputs = tmp_path / "rows.jsonl"
+    inputs.write_text("\n".join(lines) + "\n")
+    common = [str(inputs), "--format", "prompt-completion", "--skip-bad-lines"]
+    planned = run_main(["plan", *common, "--pack-sizes", "256", "--token-slots", "256"])
+    packed = run_main(["pack", *common, "--pack-size", "256", "--output", str(tmp_path / "packed")])
+    assert planned.returncode == packed.returncode == 0, planned.stderr + packed.stderr
+    (line,) = [line for line in planned.stderr.splitlines() if line.startswith("skipped ")]
+    assert "--input-key/--output-key or --format" in line and "input_key" not in line
+    assert line in packed.stderr.splitlines()
+
+
+def test_bound_and_dropped_rows_say_what_they_count_in_packs_words(tmp_path):
+    """Five samples over half a pack of 64 (volume bound 3, L2 5) and one too long (dropped): plan's
+    rows are labelled and filled as ``pack``'s summary at 64 is."""
+    rows = [{"input": "word " * 30, "output": f"answer {i}"} for i in range(5)]
+    rows.append({"input": "word " * 100, "output": "too long"})
+    inputs = write_jsonl(tmp_path / "rows.jsonl", rows)
+    common = [str(inputs), "--long-samples", "drop"]
+    planned = run_main(["plan", *common, "--pack-sizes", "64", "--token-slots", "64"])
+    packed = run_main(["pack", *common, "--pack-size", "64", "--output", str(tmp_path / "packed")])
+    assert planned.returncode == packed.returncode == 0, planned.stderr + packed.stderr
+    assert _summary(packed.stdout, "packs (lower bound)") == "5 (volume 3, L2 5; gap 0)"
+    for label in ("packs (lower bound)", "dropped (too long)", "dropped (no supervised token)"):
+        assert _cell(planned.stdout, label) == [_summary(packed.stdout, label)], label
+    assert _cell(planned.stdout, "dropped (too long)") == ["1"]
+    assert "samples dropped" not in planned.stdout and "lower bound (gap)" not in planned.stdout
+
+
+def test_the_plot_of_a_plan_where_pack_refuses_every_size_is_drawn(tmp_path):
+    """Every size refused (a chat template longer than both): the plot and report still come, with
+    gaps, and no warning; the plan exits 1."""
+    pytest.importorskip("matplotlib")
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 8
+    inputs = write_jsonl(tmp_path / "chat.jsonl", rows)
+    args = ["plan", str(inputs), "--pack-sizes", "4,8", "--token-slots", "64"]
+    done = run_main([*args, "--plot", str(tmp_path / "plan.png"), "--html", str(tmp_path / "plan.html")])
+    assert done.returncode == 1, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
+    assert (tmp_path / "plan.png").stat().st_size > 0 and (tmp_path / "plan.html").stat().st_size > 0
+    assert "recommended: no pack size can run: 4: no sample left to pack" in done.stdout

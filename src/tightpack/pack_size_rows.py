@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from tightpack.core.stats import bounds_text
+
 __all__ = ["SAME_TIME", "PackSizeComparison", "PackSizeRow", "recommend", "relative"]
 
 SAME_TIME = 0.01
@@ -25,16 +27,20 @@ class PackSizeRow:
     """What packing at one pack size gives (one row of ``tightpack plan``).
 
     Token counts are runtime tokens; costs are in the cost model's unit, ``*_relative`` ones divided by
-    the smallest value over the rows (1.0 is the cheapest candidate).
+    the smallest value over the rows (1.0 is the cheapest candidate). A size ``pack`` refuses (no sample
+    left, or a long sample under ``long_samples="error"``) has every figure None and ``note`` says
+    what ``pack`` at that size would (`PackSizeRow.refused`).
 
     Attributes:
         pack_size: P.
         global_batch_size: packs per optimizer step at the equal token slots (``token_slots // P``).
-        packs, lower_bound, gap: packs planned, the L2 lower bound, and packs above it.
+        packs, lower_bound, lower_bound_l2, gap: packs planned, the volume and the L2 lower bound (the
+            manifest's ``stats``), and packs above the L2 bound.
         fill: packed tokens over ``packs * P`` (alignment padding counts as packed).
         samples_packed, truncated, dropped_long: the samples packed (truncated ones included),
             truncated, and dropped for length (``long_samples="drop"``, or media samples).
-        lost_after_truncation: samples left without a supervised token by truncation (dropped).
+        no_supervised: samples dropped for having no supervised token (in the source or left after
+            truncation); lost_after_truncation: those of them left without one by truncation.
         tokens_in, supervised_in: the tokens and supervised tokens of the samples tokenized at this
             size (a field cut before tokenizing keeps fewer at a smaller size, as in ``pack``).
         tokens_lost, supervised_lost: tokens and supervised tokens not trained on: prompt text trimmed,
@@ -56,37 +62,54 @@ class PackSizeRow:
 
     pack_size: int
     global_batch_size: int
-    packs: int
-    lower_bound: int
-    gap: int
-    fill: float
-    samples_packed: int
-    truncated: int
-    dropped_long: int
-    lost_after_truncation: int
-    tokens_in: int
-    supervised_in: int
-    tokens_lost: int
-    supervised_lost: int
-    tokens_lost_share: float
-    supervised_lost_share: float
-    alignment_padding: int
-    steps_per_epoch: int
-    attention_cost: float
-    epoch_cost: float
-    step_cost: float
+    packs: int | None
+    lower_bound: int | None
+    lower_bound_l2: int | None
+    gap: int | None
+    fill: float | None
+    samples_packed: int | None
+    truncated: int | None
+    dropped_long: int | None
+    no_supervised: int | None
+    lost_after_truncation: int | None
+    tokens_in: int | None
+    supervised_in: int | None
+    tokens_lost: int | None
+    supervised_lost: int | None
+    tokens_lost_share: float | None
+    supervised_lost_share: float | None
+    alignment_padding: int | None
+    steps_per_epoch: int | None
+    attention_cost: float | None
+    epoch_cost: float | None
+    step_cost: float | None
     overhead_in_order: float | None
     overhead_balanced: float | None
     epoch_time_in_order: float | None
     epoch_time_balanced: float | None
-    attention_cost_relative: float = 0.0
-    step_cost_relative: float = 0.0
+    attention_cost_relative: float | None = None
+    step_cost_relative: float | None = None
     epoch_time_relative: float | None = None
     note: str = ""
 
     @property
     def runnable(self) -> bool:
         return self.epoch_time_balanced is not None
+
+    @property
+    def packed(self) -> bool:
+        """Whether ``pack`` at this size writes packs (False: it refuses, ``note`` says why)."""
+        return self.packs is not None
+
+    @classmethod
+    def refused(cls, pack_size: int, global_batch_size: int, note: str) -> PackSizeRow:
+        """A size ``pack`` refuses, with ``pack``'s reason: no figure."""
+        figures = {
+            field.name: None
+            for field in dataclasses.fields(cls)
+            if field.name not in ("pack_size", "global_batch_size", "note")
+        }
+        return cls(pack_size=pack_size, global_batch_size=global_batch_size, note=note, **figures)
 
 
 @dataclass(frozen=True)
@@ -98,7 +121,8 @@ class PackSizeComparison:
         recommended: the recommended pack size, None when no size can run at this DP.
         reason: why, and what the other sizes would trade.
         samples_in, tokens_in, supervised_in: the inputs' totals (runtime tokens; samples_in counts the
-            rows read, bad ones included, as ``pack``'s manifest does).
+            rows read, bad ones included, as ``pack``'s manifest does); the token totals are those of
+            the largest size ``pack`` does not refuse (None when it refuses every size).
         samples_tokenized: the samples planned (``samples_in - bad_rows``).
         bad_rows: the rows skipped as bad (``skip_bad_lines``), each as ``{"location", "reason"}``.
         sample_lengths: runtime length of every tokenized sample, int64 ``[samples]`` (for histograms).
@@ -113,8 +137,8 @@ class PackSizeComparison:
     recommended: int | None
     reason: str
     samples_in: int
-    tokens_in: int
-    supervised_in: int
+    tokens_in: int | None
+    supervised_in: int | None
     samples_tokenized: int
     bad_rows: tuple[dict[str, str], ...]
     sample_lengths: np.ndarray
@@ -133,7 +157,13 @@ class PackSizeComparison:
         """The table of ``tightpack plan`` (and its HTML report): a header row (``"pack size"``, then
         each size), then one row per measure, its name then one cell per pack size."""
         header = ["pack size", *(f"{row.pack_size:,}" for row in self.rows)]
-        return [header, *([name, *(cell(row) for row in self.rows)] for name, cell in _MEASURES)]
+        return [
+            header,
+            *(
+                [name, *(cell(row) if row.packed or index == 0 else "n/a" for row in self.rows)]
+                for index, (name, cell) in enumerate(_MEASURES)
+            ),
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, without the per-sample lengths."""
@@ -156,11 +186,12 @@ def _ratio(value: float | None) -> str:
 
 _MEASURES = (
     ("global batch size", lambda row: f"{row.global_batch_size:,}"),
-    ("packs", lambda row: f"{row.packs:,}"),
-    ("lower bound (gap)", lambda row: f"{row.lower_bound:,} ({row.gap:,})"),
+    ("packs (lower bound)", lambda row: f"{row.packs:,} ({_bounds(row)})"),
     ("fill", lambda row: f"{row.fill:.2%}"),
     ("samples truncated", lambda row: f"{row.truncated:,}"),
-    ("samples dropped", lambda row: f"{row.dropped_long + row.lost_after_truncation:,}"),
+    ("dropped (too long)", lambda row: f"{row.dropped_long:,}"),
+    ("dropped (no supervised token)", lambda row: f"{row.no_supervised:,}"),
+    ("  none left after truncation", lambda row: f"{row.lost_after_truncation:,}"),
     ("tokens lost, all", lambda row: f"{row.tokens_lost:,} ({row.tokens_lost_share:.2%})"),
     ("  prompt (unsupervised)", lambda row: f"{row.tokens_lost - row.supervised_lost:,}"),
     ("  supervised", lambda row: f"{row.supervised_lost:,} ({row.supervised_lost_share:.2%})"),
@@ -172,7 +203,12 @@ _MEASURES = (
     ("straggler overhead, balanced", lambda row: _share(row.overhead_balanced)),
     ("epoch time (relative, balanced)", lambda row: _ratio(row.epoch_time_relative)),
 )
-"""The measures of `PackSizeComparison.table`: a name, and a row's cell."""
+"""The measures of `PackSizeComparison.table`: a name (``pack``'s summary's where it has the measure),
+and a row's cell; the first (global batch size) is the only one a size ``pack`` refuses has."""
+
+
+def _bounds(row: PackSizeRow) -> str:
+    return bounds_text(row.packs, row.lower_bound, row.lower_bound_l2)
 
 
 def relative(rows: list[PackSizeRow]) -> list[PackSizeRow]:
@@ -182,15 +218,18 @@ def relative(rows: list[PackSizeRow]) -> list[PackSizeRow]:
         present = [value for value in values if value is not None and value > 0]
         return min(present) if present else 1.0
 
+    def over(value: float | None, base: float) -> float | None:
+        return None if value is None else value / base
+
     attention = smallest([row.attention_cost for row in rows])
     step = smallest([row.step_cost for row in rows])
     epoch = smallest([row.epoch_time_balanced for row in rows])
     return [
         dataclasses.replace(
             row,
-            attention_cost_relative=row.attention_cost / attention,
-            step_cost_relative=row.step_cost / step,
-            epoch_time_relative=None if row.epoch_time_balanced is None else row.epoch_time_balanced / epoch,
+            attention_cost_relative=over(row.attention_cost, attention),
+            step_cost_relative=over(row.step_cost, step),
+            epoch_time_relative=over(row.epoch_time_balanced, epoch),
         )
         for row in rows
     ]

@@ -37,7 +37,12 @@ from tightpack.pack_config import PackConfig
 from tightpack.pack_size_rows import SAME_TIME, PackSizeComparison, PackSizeRow, recommend, relative
 from tightpack.pipeline import Progress, TokenizedInputs, plan_kept, tokenize_inputs
 from tightpack.prepare.tokenizer import TokenizerSpec
-from tightpack.sample_accounting import account_samples
+from tightpack.sample_accounting import (
+    LongSamplesError,
+    account_samples,
+    nothing_left,
+    truncation_loss_note,
+)
 from tightpack.store_reuse import same_texts, text_budget
 
 __all__ = ["SAME_TIME", "PackSizeComparison", "PackSizeRow", "compare_pack_sizes"]
@@ -104,18 +109,13 @@ def compare_pack_sizes(
             if tokenized is not largest:
                 seconds["tokenize"] += tokenized.seconds
             clock = time.perf_counter()
-            report = tokenized.report
             staging = workdir / f"size-{size}"
             staging.mkdir()
-            counts, keep, aligned, _, _ = account_samples(report.store, configs[size], report, staging)
-            if counts["samples_in"] == 0 or not keep.any():
-                raise TightpackError("no sample to plan: the inputs hold no sample with a supervised token")
-            totals = counts
-            rows.append(
-                _row(
-                    size, token_slots // size, counts, keep, aligned, configs[size], model, data_parallel_size
-                )
+            row, counts = _plan_size(
+                tokenized, size, token_slots // size, configs[size], model, data_parallel_size, staging
             )
+            rows.append(row)
+            totals = counts or totals
             shutil.rmtree(staging)
             plan_seconds += time.perf_counter() - clock
         sample_lengths = largest.report.store.lengths - 1
@@ -126,10 +126,10 @@ def compare_pack_sizes(
         rows=tuple(rows),
         recommended=recommended,
         reason=reason,
-        samples_in=totals["samples_in"],
-        tokens_in=totals["tokens_in"],
-        supervised_in=totals["supervised_in"],
-        samples_tokenized=totals["tokenized"],
+        samples_in=largest.report.rows_read,
+        tokens_in=totals.get("tokens_in"),
+        supervised_in=totals.get("supervised_in"),
+        samples_tokenized=len(largest.report.store),
         bad_rows=tuple({"location": bad.location, "reason": bad.reason} for bad in largest.report.bad_rows),
         sample_lengths=sample_lengths,
         token_slots=token_slots,
@@ -140,6 +140,36 @@ def compare_pack_sizes(
         seconds=seconds,
         reused_store=largest.report.reused,
     )
+
+
+def _plan_size(
+    tokenized: TokenizedInputs,
+    size: int,
+    gbs: int,
+    config: PackConfig,
+    model: CostModel,
+    ranks: int,
+    staging: Path,
+) -> tuple[PackSizeRow, dict[str, int] | None]:
+    """One size's row and counts, or, where ``pack`` at this size stops (a long sample under
+    ``long_samples="error"``, no sample left), a row that cannot run saying what ``pack`` would, in
+    ``plan``'s options, and None."""
+    report = tokenized.report
+    try:
+        counts, keep, aligned, excluded, _ = account_samples(report.store, config, report, staging)
+    except LongSamplesError as error:
+        note = (
+            f"{error.fact}; pack at {size} stops on them with --long-samples error: use --long-samples "
+            f"truncate or drop, or leave {size} out of --pack-sizes"
+        )
+        return PackSizeRow.refused(size, gbs, note), None
+    if counts["samples_in"] == 0:
+        raise TightpackError("no sample to plan: the inputs held no rows (empty, or blank lines only)")
+    if not keep.any():
+        lost = excluded["no_supervised_after_truncation"]
+        note = truncation_loss_note(report.store, lost, config.cap) if lost else None
+        return PackSizeRow.refused(size, gbs, nothing_left(counts, note)), None
+    return _row(size, gbs, counts, keep, aligned, config, model, ranks), counts
 
 
 def _tokenized_at(
@@ -215,12 +245,14 @@ def _row(
         pack_size=size,
         global_batch_size=gbs,
         packs=stats.packs,
-        lower_bound=stats.lower_bound_l2,
+        lower_bound=stats.lower_bound,
+        lower_bound_l2=stats.lower_bound_l2,
         gap=stats.gap,
         fill=stats.efficiency,
         samples_packed=counts["packed"],
         truncated=counts["truncated"],
         dropped_long=counts["dropped_long"],
+        no_supervised=counts["no_supervised"],
         lost_after_truncation=counts["no_supervised_after_truncation"],
         tokens_in=counts["tokens_in"],
         supervised_in=counts["supervised_in"],

@@ -54,7 +54,7 @@ from tightpack.prepare.sources import first_row, open_sources
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
-from tightpack.sample_accounting import account_samples, truncation_loss_note
+from tightpack.sample_accounting import account_samples, nothing_left, truncation_loss_note
 from tightpack.store_reuse import text_budget, tokenize_reusing_store
 
 __all__ = [
@@ -228,11 +228,7 @@ def _pack_into(
         lost = excluded["no_supervised_after_truncation"]
         note = truncation_loss_note(store, lost, config.cap) if lost else None
         if not keep.any():
-            raise TightpackError(
-                f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
-                f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
-                + (f": {note}" if note else "")
-            )
+            raise TightpackError(nothing_left(counts, note))
         if note:
             notes.append(note)
         plan, cost_balance = plan_kept(aligned, keep, config)

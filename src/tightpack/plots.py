@@ -64,7 +64,7 @@ def plan_figure(comparison: PackSizeComparison) -> Figure:
     pack size, the recommended one in red. Below, on a log2 axis with the sizes as ticks: supervised
     tokens lost (%) and samples truncated; fill; attention cost, step cost and epoch time relative to the
     cheapest size; straggler overhead (%) in order and balanced. A measure that is None (the size cannot
-    run at this DP) leaves a gap.
+    run at this DP, or ``pack`` refuses it) leaves a gap.
     """
     figure = _figure(figsize=(11, 9))
     rows = comparison.rows
@@ -95,7 +95,9 @@ def plan_figure(comparison: PackSizeComparison) -> Figure:
     fill.plot(sizes, _values(rows, "fill", 100), "o-", label="fill (%)")
     fill.set_ylabel("fill (%)")
     # at least 2 points of range: fills within 0.02% of each other must not look like a V
-    fill.set_ylim(max(0.0, min(98.0, float(np.nanmin(_values(rows, "fill", 100))) - 1.0)), 100.2)
+    fills = _values(rows, "fill", 100)
+    lowest = float(np.nanmin(fills)) if np.isfinite(fills).any() else 100.0  # all NaN: no size packs
+    fill.set_ylim(max(0.0, min(98.0, lowest - 1.0)), 100.2)
     fill.set_title("fill: packed tokens over packs x pack size")
 
     cost = figure.add_subplot(grid[2, 0], label="cost")

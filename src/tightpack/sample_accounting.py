@@ -20,7 +20,22 @@ from tightpack.core.truncation import ANSWER, KEEP, REASONS
 from tightpack.errors import TightpackError
 from tightpack.pack_config import PackConfig
 
-__all__ = ["account_samples", "truncation_loss_note"]
+__all__ = ["LongSamplesError", "account_samples", "nothing_left", "truncation_loss_note"]
+
+
+class LongSamplesError(TightpackError):
+    """``long_samples="error"`` met samples over the cap; ``fact`` says how many and the first one,
+    without the advice (``tightpack plan`` gives its own)."""
+
+    def __init__(self, fact: str) -> None:
+        super().__init__(
+            f"{fact}; set long_samples to truncate or drop, or raise packed_sequence_size/max_seq_length",
+            parameters=("long_samples", "packed_sequence_size", "max_seq_length"),
+        )
+        self.fact = fact
+
+    def __reduce__(self):
+        return type(self), (self.fact,)
 
 
 def account_samples(store: TokenStore | PartedStore, config: PackConfig, report, staging: Path):
@@ -41,11 +56,9 @@ def account_samples(store: TokenStore | PartedStore, config: PackConfig, report,
     long = real > cap
     if long.any() and config.long_samples == "error":
         first = np.flatnonzero(long)[:1]
-        raise TightpackError(
+        raise LongSamplesError(
             f"{int(long.sum())} samples are longer than the cap of {cap} tokens (first: source row "
-            f"{int(store.source_rows(first)[0])}, {int(real[first[0]])} tokens); set long_samples to "
-            "truncate or drop, or raise packed_sequence_size/max_seq_length",
-            parameters=("long_samples", "packed_sequence_size", "max_seq_length"),
+            f"{int(store.source_rows(first)[0])}, {int(real[first[0]])} tokens)"
         )
     dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
     if config.long_samples == "truncate" and config.format.vision is not None:
@@ -112,6 +125,15 @@ def account_samples(store: TokenStore | PartedStore, config: PackConfig, report,
     }
     overlay = cut.overlay
     return counts, keep, aligned, excluded, overlay
+
+
+def nothing_left(counts: dict[str, int], note: str | None) -> str:
+    """Why a run keeps no sample, from `account_samples`' counts (and `truncation_loss_note`, if any)."""
+    return (
+        f"no sample left to pack ({counts['samples_in']} rows in, {counts['bad_rows']} bad, "
+        f"{counts['dropped_long']} too long, {counts['no_supervised']} without supervised tokens)"
+        + (f": {note}" if note else "")
+    )
 
 
 def truncation_loss_note(store: TokenStore | PartedStore, rows: list[int], cap: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, get_args
@@ -10,8 +11,10 @@ import typer
 from rich.console import Console
 
 from tightpack import __version__, pack_config
+from tightpack.cli.flags import cli_text
 from tightpack.core.planner import ALGORITHMS
 from tightpack.prepare import formats
+from tightpack.prepare.tokenize import BAD_ROW_PARAMETERS
 
 app = typer.Typer(
     name="tightpack",
@@ -26,6 +29,16 @@ stderr = Console(stderr=True)
 
 DEMO_OUTPUT = Path("packed-demo")
 DEMO_PACK_SIZE = 4096
+
+
+def print_bad_rows(bad_rows: Sequence[tuple[str, str]], listed: str = "") -> None:
+    """The first five rows skipped as bad, ``(location, reason)``, on stderr with the reasons in the
+    command line's flags (``--input-key``, not ``input_key``), then how many more (``listed``: where)."""
+    for location, reason in bad_rows[:5]:
+        text = f"skipped {location}: {cli_text(reason, BAD_ROW_PARAMETERS)}"
+        stderr.print(text, markup=False, highlight=False, soft_wrap=True)
+    if len(bad_rows) > 5:
+        stderr.print(f"... and {len(bad_rows) - 5} more bad rows{listed}", markup=False, highlight=False)
 
 
 def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:

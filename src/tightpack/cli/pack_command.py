@@ -24,12 +24,12 @@ from tightpack.cli.app import (
     OutputFormat,
     TruncationMethod,
     app,
+    print_bad_rows,
     stderr,
     stdout,
 )
-from tightpack.cli.flags import cli_text
+from tightpack.core.stats import bounds_text
 from tightpack.errors import TightpackError
-from tightpack.prepare.tokenize import BAD_ROW_PARAMETERS
 
 
 def _default_workers() -> int:
@@ -227,15 +227,6 @@ _TRUNCATION_LABELS = {
 }
 
 
-def _bounds(stats) -> str:
-    """The volume bound, and the tighter L2 bound with the gap to it when it is above; the efficiency
-    "at the lower bound" is that of the L2 bound (`PackStats.efficiency_at_bound`)."""
-    tight = stats.lower_bound_l2
-    if tight == stats.lower_bound:
-        return f"{stats.lower_bound:,}"
-    return f"volume {stats.lower_bound:,}, L2 {tight:,}; gap {stats.packs - tight:,}"
-
-
 def _next_steps(result, config) -> str:
     """Where the output is and what to run next, for a person at a terminal."""
     folder = result.output
@@ -254,6 +245,7 @@ def _next_steps(result, config) -> str:
 
 def _print_summary(result) -> None:
     counts, stats = result.counts, result.stats
+    bounds = bounds_text(stats.packs, stats.lower_bound, stats.lower_bound_l2)
     table = Table(title=f"tightpack pack -> {result.output}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -280,7 +272,7 @@ def _print_summary(result) -> None:
         ("tokens packed / in", f"{counts['tokens_packed']:,} / {counts['tokens_in']:,}"),
         ("supervised tokens packed / in", f"{counts['supervised_packed']:,} / {counts['supervised_in']:,}"),
         ("alignment padding tokens", f"{counts['alignment_padding']:,}"),
-        ("packs (lower bound)", f"{stats.packs:,} ({_bounds(stats)})"),
+        ("packs (lower bound)", f"{stats.packs:,} ({bounds})"),
         ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {stats.efficiency_at_bound:.2%})"),
         ("packing factor", f"{stats.packing_factor:.2f} samples/pack (max {stats.max_samples_per_pack})"),
     ]
@@ -295,8 +287,4 @@ def _print_summary(result) -> None:
     for name, value in rows:
         table.add_row(name, value)
     stdout.print(table)
-    for bad in result.bad_rows[:5]:
-        reason = cli_text(bad.reason, BAD_ROW_PARAMETERS)
-        stderr.print(f"skipped {bad.location}: {reason}", markup=False, highlight=False, soft_wrap=True)
-    if len(result.bad_rows) > 5:
-        stderr.print(f"... and {len(result.bad_rows) - 5} more bad rows (listed in the manifest)")
+    print_bad_rows([(bad.location, bad.reason) for bad in result.bad_rows], " (listed in the manifest)")

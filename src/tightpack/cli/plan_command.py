@@ -18,6 +18,7 @@ from tightpack.cli.app import (
     LossOn,
     TruncationMethod,
     app,
+    print_bad_rows,
     stderr,
     stdout,
 )
@@ -81,8 +82,8 @@ def plan(
 ) -> None:
     """Plan each pack size on one tokenization; compare fill, lost tokens, cost and balance; recommend.
 
-    Exits 1 when no pack size can run at this DP and token slots (as ``validate`` and ``verify`` exit 1
-    on what they find), 2 on a user error.
+    Exits 1 when no pack size can run at this DP and token slots, or ``pack`` would refuse every size
+    (as ``validate`` and ``verify`` exit 1 on what they find), 2 on a user error.
     """
     from tightpack.pack_config import PackConfig
     from tightpack.pack_sizes import compare_pack_sizes
@@ -154,12 +155,7 @@ def plan(
     for row in comparison.rows:
         if row.note:
             stderr.print(f"note: {row.pack_size}: {row.note}", markup=False, highlight=False, soft_wrap=True)
-    for bad in comparison.bad_rows[:5]:
-        stderr.print(
-            f"skipped {bad['location']}: {bad['reason']}", markup=False, highlight=False, soft_wrap=True
-        )
-    if len(comparison.bad_rows) > 5:
-        stderr.print(f"... and {len(comparison.bad_rows) - 5} more bad rows", markup=False, highlight=False)
+    print_bad_rows([(bad["location"], bad["reason"]) for bad in comparison.bad_rows])
     _exit_when_nothing_runs(comparison)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from tightpack.core.planner import PackPlan
 
-__all__ = ["PackStats", "l2_bound_of_counts", "l2_lower_bound", "pack_stats"]
+__all__ = ["PackStats", "bounds_text", "l2_bound_of_counts", "l2_lower_bound", "pack_stats"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,18 @@ def pack_stats(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> PackStats
         attention_cost_mean=float(attention.mean()),
         attention_cost_max=int(attention.max()),
     )
+
+
+def bounds_text(packs: int, lower_bound: int, lower_bound_l2: int) -> str:
+    """The lower bound of a plan of ``packs`` packs, as ``pack``'s summary and ``plan``'s table show it:
+    the volume bound, and the tighter L2 bound with the gap to it when it is above.
+
+    >>> bounds_text(5, 5, 5), bounds_text(5, 3, 5)
+    ('5', 'volume 3, L2 5; gap 0')
+    """
+    if lower_bound_l2 == lower_bound:
+        return f"{lower_bound:,}"
+    return f"volume {lower_bound:,}, L2 {lower_bound_l2:,}; gap {packs - lower_bound_l2:,}"
 
 
 def l2_lower_bound(lengths: np.ndarray, pack_size: int) -> int:
