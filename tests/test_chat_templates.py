@@ -221,7 +221,7 @@ def test_no_supervision_after_the_end_marker(name, folders, rows, tmp_path):
 # Gemma merges the system prompt into the first user turn, so its rounds are not dropped: its long rows
 # are made to fit by trimming user text and earlier answers, many short segments sharing the cut (the
 # share of a segment shorter than it passes to the others, not to the last answer: core/truncation.py),
-# and each such row says why (reason turns_kept, or answer_cut when an earlier answer was trimmed).
+# and each such row says why (reason turns_kept, or answer_cut when the last answer lost tokens too).
 @pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("loss_on", ["assistant", "last-turn"])
 def test_oldest_turns_keeps_the_last_turn_for_every_template(name, loss_on, folders, rows, tmp_path):
@@ -532,3 +532,28 @@ def test_a_conversation_ending_with_a_user_turn_gets_no_eos_after_the_templates_
                         {"role": "user", "content": "Bye"}]}  # fmt: skip
     rendered = render_row(row, FormatConfig(format="chat"), TEMPLATES["chatml-one-block"], {})
     assert rendered.text.endswith("Bye<|im_end|>\n") and not rendered.append_eos
+
+
+def test_a_template_that_merges_turns_keeps_the_last_question_and_trims_old_rounds_whole(folders, tmp_path):
+    """Gemma-style (the system prompt inside the first user turn): rounds are not dropped, and the
+    earlier rounds give their user text and their answers, oldest first, before the last user question
+    loses anything; the system prompt and the last answer stay whole."""
+    from transformers import AutoTokenizer
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    messages = [{"role": "system", "content": "SYSPROMPT be concise."}]
+    for number in range(6):
+        messages.append({"role": "user", "content": f"USER{number} " + " ".join(words * 3)})
+        messages.append({"role": "assistant", "content": f"ASST{number} " + " ".join(words * 3)})
+    messages[-2]["content"] = "USER5 what is the last question?"
+    messages[-1]["content"] = "ASST5 the last answer."
+    source = write_jsonl(tmp_path / "rows.jsonl", [{"messages": messages}])
+    for size in (256, 160):
+        out = tmp_path / f"out-{size}"
+        config = PackConfig(packed_sequence_size=size, format=FormatConfig(format="chat"))
+        result = pack_dataset([source], out, config, tokenizer=folders["gemma"])
+        assert result.counts["truncated_turns_kept"] == 1, result.counts
+        text = AutoTokenizer.from_pretrained(folders["gemma"]).decode(read_sequences(out)[0]["tokens"])
+        assert "SYSPROMPT be concise." in text and "USER5 what is the last question?" in text
+        assert text.rstrip().endswith("ASST5 the last answer.<end_of_turn>"), text
+        assert "USER0" not in text  # the oldest round gave first

@@ -294,11 +294,14 @@ def _template_segments(text, messages, units, located, render):
     if droppable:
         segments[first] = (begin, KEEP, 0)
         return segments, None
-    # Earlier answers' contents may then be trimmed like user text (their end markers stay), the last
-    # answer is cut last.
-    contents = {located[t].content[0] for t in located if 0 <= units[t] < max(units)}
+    # No round is dropped; each earlier round is trimmed as a whole, its answers (through their end
+    # markers: a cut answer is not taught to stop) with its user text, oldest round first; the last
+    # round, its user question and its answer, last.
+    earlier = {
+        p for t in located if 0 <= units[t] < max(units) for p in (located[t].start, *located[t].content)
+    }
     kept = [
-        (p, k | (PROMPT if k & ANSWER and p in contents else 0), -1 if unit < 0 else ROUNDS_KEPT - unit)
+        (p, PROMPT if k & ANSWER and p in earlier else k, -1 if unit < 0 else ROUNDS_KEPT - unit)
         for p, k, unit in segments
     ]
     return kept, None
