@@ -153,9 +153,8 @@ def keep_ranges(
     for segment, unit in enumerate(units):
         members.setdefault(unit, []).append(segment)
     rounds = sorted(unit for unit in members if unit >= 0)
-    always = sorted(
-        (unit for unit in members if unit < 0), reverse=True
-    )  # -1, then rounds kept, oldest first
+    # -1, then the rounds of a conversation whose rounds are kept, oldest first (-2, -3, ...)
+    always = sorted((unit for unit in members if unit < 0), reverse=True)
 
     dropped = False
     for unit in rounds[:-1]:
@@ -172,8 +171,9 @@ def keep_ranges(
     answers = [segment for unit in members for segment in members[unit] if kinds[segment] & ANSWER]
     # The last answer, trimmed at its end, is left to step 5, which takes its EOS first.
     final = max(answers) if answers and method == "right" else -1
-    from_start = method == "left" and answers and always == [-1] and not rounds
-    from_start = from_start and any(kind & PROMPT for kind in kinds)
+    # Step 3 is for prompt-completion samples with a truncation field (no rounds, some prompt text).
+    prompt_completion = always == [-1] and not rounds and any(kind & PROMPT for kind in kinds)
+    from_start = method == "left" and bool(answers) and prompt_completion
     for answer in (False, True):
         for unit in [*always, *rounds]:
             if over <= 0:
