@@ -13,7 +13,7 @@ from rich.console import Console
 from tightpack import __version__, pack_config
 from tightpack.cli.flags import cli_text
 from tightpack.core.planner import ALGORITHMS
-from tightpack.prepare import formats
+from tightpack.prepare import format_config
 from tightpack.prepare.tokenize import BAD_ROW_PARAMETERS
 
 app = typer.Typer(
@@ -46,12 +46,12 @@ def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
     return Enum(name, {value: value for value in values}, type=str)
 
 
-Format = _choices("Format", get_args(formats.Format))
-LossOn = _choices("LossOn", get_args(formats.LossOn))
+Format = _choices("Format", get_args(format_config.Format))
+LossOn = _choices("LossOn", get_args(format_config.LossOn))
 Algorithm = _choices("Algorithm", tuple(ALGORITHMS))
 LongSamples = _choices("LongSamples", get_args(pack_config.LongSamples))
-TruncationMethod = _choices("TruncationMethod", get_args(formats.TruncationMethod))
-ChatTruncation = _choices("ChatTruncation", get_args(formats.ChatTruncation))
+TruncationMethod = _choices("TruncationMethod", get_args(format_config.TruncationMethod))
+ChatTruncation = _choices("ChatTruncation", get_args(format_config.ChatTruncation))
 OLDEST_TURNS = ChatTruncation("oldest-turns")
 OutputFormat = _choices("OutputFormat", get_args(pack_config.OutputFormat))
 Engine = _choices("Engine", get_args(pack_config.Engine))

@@ -260,9 +260,6 @@ class TokenStore:
     def sample_tokens(self, index: int) -> np.ndarray:
         return np.asarray(self.tokens[self.offsets[index] : self.offsets[index + 1]])
 
-    def sample_loss_mask(self, index: int) -> np.ndarray:
-        return np.asarray(self.loss_mask[self.offsets[index] : self.offsets[index + 1]])
-
 
 def append_eos(
     ids: np.ndarray,

@@ -274,11 +274,6 @@ class TruncationPlan:
     starts: np.ndarray
     stops: np.ndarray
 
-    def reason_counts(self) -> dict[str, int]:
-        """Truncated samples per reason (every reason present, 0 included)."""
-        counts = np.bincount(self.reasons, minlength=len(REASONS))
-        return {name: int(count) for name, count in zip(REASONS, counts, strict=True)}
-
 
 def plan_truncation(
     offsets: np.ndarray,

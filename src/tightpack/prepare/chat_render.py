@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tightpack.core.truncation import ANSWER, KEEP, PROMPT, ROUNDS_KEPT
 from tightpack.logs import logger
@@ -34,11 +34,9 @@ from tightpack.prepare.chat_content import (
     builtin_message_text,
     normalize_messages,
 )
+from tightpack.prepare.format_config import FormatConfig, LossOn
 from tightpack.prepare.rendered import Rendered, RowError, _bounded
 from tightpack.prepare.template_turns import Turn, locate_turns
-
-if TYPE_CHECKING:  # annotations only: formats imports this module
-    from tightpack.prepare.formats import FormatConfig, LossOn
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 _WARNED: set[str] = set()  # what this process has reported: once per run, not once per row
