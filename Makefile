@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 SOURCES := pyproject.toml setup.py constraints.txt src/tightpack/core/_firstfit.c
 
-.PHONY: demo test test-oldest fuzz lint bench clean
+.PHONY: demo test test-oldest fuzz lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -q
+
+# The documentation site (mkdocs.yml) into site/; tests/test_docs_site.py builds it with --strict.
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build -q -d site
 
 # The oldest supported transformers (pyproject's floor) in a second venv, on the test modules that run
 # transformers models, tokenizers or processors. Outside `make test` (docs/transformers-releases.md).
@@ -85,4 +89,4 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_training.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build src/*.egg-info src/tightpack/core/*.so packed-demo
+	rm -rf $(VENV) $(OLDEST) build site src/*.egg-info src/tightpack/core/*.so packed-demo

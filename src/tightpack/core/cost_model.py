@@ -15,6 +15,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -318,7 +319,9 @@ class CostModel:
         s = _as_lengths(lengths)
         return (self.linear + self.quadratic * s) * s + self.per_sequence
 
-    def pack_costs(self, plan: PackPlan | tuple[np.ndarray, np.ndarray], lengths) -> np.ndarray:
+    def pack_costs(
+        self, plan: PackPlan | tuple[np.ndarray, np.ndarray], lengths: Sequence[int] | np.ndarray
+    ) -> np.ndarray:
         """Cost of each pack of ``plan``, float64 ``[len(plan)]``; an empty pack costs 0.
 
         Args:

@@ -151,8 +151,10 @@ class PackedCollate:
 
         Args:
             dataset: a `PackedDataset`, or the path it would read.
-            pack_size, eos_id, pad_seq_to_mult: as the fields; a given value must agree with the packs'
-                (``pack_size`` may be larger: wider batches).
+            pack_size: as the field; a given value must agree with the packs' or be larger (wider
+                batches).
+            eos_id: as the field; a given value must agree with the packs'.
+            pad_seq_to_mult: as the field; a given value must agree with the packs'.
             tokenizer: a `TokenizerSpec`, tokenizer folder or transformers tokenizer: the EOS id when
                 the packs record none (it must agree with theirs), and the vocabulary the ids must lie in.
             vocab_size: ids must lie below it (e.g. the model's ``config.vocab_size``).

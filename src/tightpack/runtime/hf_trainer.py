@@ -122,17 +122,22 @@ class PackingCollator:
     Args:
         tokenizer: for raw rows: a `TokenizerSpec` or path (None: the built-in GPT-2). For offline
             packs, when given: the vocabulary their ids must lie in, and their EOS id.
-        format, loss_mode, max_length, long_samples, pad_to_multiple_of: for raw rows, as
-            `TextSFTCollator`: a row over ``max_length`` tokens (its EOS included) is cut as
-            ``tightpack pack --max-seq-length max_length-1`` cuts it (``long_samples="truncate"``),
-            left out (``"drop"``) or refused (``"error"``); a row with no supervised token left is
-            left out, and a micro-batch left with none raises `TightpackError`. Counts:
-            ``long_sample_counts`` (totals), ``last_batch_counts``.
+        format: for raw rows, as `TextSFTCollator`.
+        loss_mode: for raw rows, as `TextSFTCollator`.
+        max_length: for raw rows, as `TextSFTCollator`: a row over ``max_length`` tokens (its EOS
+            included) is cut as ``tightpack pack --max-seq-length max_length-1`` cuts it
+            (``long_samples="truncate"``), left out (``"drop"``) or refused (``"error"``); a row with no
+            supervised token left is left out, and a micro-batch left with none raises `TightpackError`.
+            Counts: ``long_sample_counts`` (totals), ``last_batch_counts``.
+        long_samples: for raw rows, as `TextSFTCollator` (see ``max_length``).
+        pad_to_multiple_of: for raw rows, as `TextSFTCollator`.
         packs: the offline packs the features come from (a `PackedDataset` or its path): their
             manifest gives ``pack_size``, ``pad_seq_to_mult`` and ``eos_id`` (`PackedCollate.from_dataset`),
             and a value given here must agree with it.
-        pack_size, pad_seq_to_mult, eos_id: for offline packs, as `PackedCollate` (``pad_seq_to_mult``
-            is the packs' alignment multiple, default 1 without ``packs``; ``eos_id`` their pad id).
+        pack_size: for offline packs, as `PackedCollate`.
+        pad_seq_to_mult: for offline packs, as `PackedCollate`: the packs' alignment multiple, default
+            1 without ``packs``.
+        eos_id: for offline packs, as `PackedCollate`: their pad id.
         vocab_size: ids of offline packs must lie below it (e.g. the model's ``config.vocab_size``).
 
     Raises:

@@ -91,7 +91,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             reads its own positions.
         config: the settings (`OnlinePackConfig`), validated here.
         restore: ``restore(key)`` prepares the sample with that key again (for `load_state_dict`).
-        rank, world_size: this data-parallel rank and their number; each rank packs its own shard.
+        rank: this data-parallel rank; each rank packs its own shard.
+        world_size: the number of data-parallel ranks.
         pack_fn: builds a batch from the member samples, with the keyword arguments of
             `tightpack.runtime.in_batch.pack_samples` (the default); for Qwen-VL models pass
             ``functools.partial(pack_vlm_samples, rope=QwenVLRope.from_config(model.config))``,

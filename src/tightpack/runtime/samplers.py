@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
@@ -281,7 +281,7 @@ class TokenBudgetBatchSampler(ResumableSampler):
 
     def __init__(
         self,
-        lengths,
+        lengths: Sequence[int] | np.ndarray,
         token_budget: int,
         *,
         algorithm: str = "bfd",

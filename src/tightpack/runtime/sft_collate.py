@@ -94,7 +94,8 @@ class TextSFTCollator:
             a batch left with none raises `TightpackError`.
         enable_in_batch_packing: pack the micro-batch into one ``[1, T]`` row.
         in_batch_packing_pad_to_multiple_of: per-row alignment multiple when packing.
-        pad_to_max_length, pad_to_multiple_of: the padded width when not packing.
+        pad_to_max_length: when not packing, pad every row to ``max_length``.
+        pad_to_multiple_of: when not packing, pad the width to a multiple of this.
         pad_token_id: the id of padding tokens (default: the tokenizer's EOS).
     """
 
