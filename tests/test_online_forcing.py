@@ -4,10 +4,11 @@ The module docstring of `tightpack.runtime.online` states the invariant: at ever
 buffered samples ranked by deadline (``arrival + max_wait``, rank 0 the earliest) have slack (steps
 left before the deadline) at least their rank. The tests here rebuild the buffer of every step from
 the outside (arrival steps recorded by the stream, emission steps by the consumer), check that
-invariant and its consequence (every sample read at step ``a`` is out by step ``a + max_wait``), and
-count forced samples through ``counts`` so that they cannot pass on inputs that never force one: the
+invariant and its consequence (every sample read at step ``a`` is out by step ``a + max_wait``). The
 inputs have few candidates, ``max_wait`` at or near its minimum (``packing_buffer_size``), and many long
-samples that never share a pack, which starve behind fuller packs until their deadline.
+samples that never share a pack, which starve behind fuller packs until their deadline. One recipe
+makes them: hypothesis draws it for random search of the invariants, and seeded fixed examples of it
+count forced samples through ``counts`` so that the checks cannot pass on inputs that never force one.
 """
 
 from __future__ import annotations
