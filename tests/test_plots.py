@@ -8,6 +8,7 @@ a figure), the data tests never draw.
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import sys
 from html.parser import HTMLParser
@@ -28,6 +29,7 @@ from tightpack.packed_summary import (
     summarize_packed,
 )
 from tightpack.pipeline import pack_dataset
+from tightpack.prepare.formats import FormatConfig
 
 from .conftest import random_words, write_jsonl
 
@@ -169,12 +171,72 @@ def test_pack_arrays_are_the_summary(packed):
     np.testing.assert_array_equal(np.bincount(pack_of_sequence, lengths.astype(float) ** 2), arrays.squared)
     assert lengths.max() <= 3000  # the cap
     model = CostModel.named("llama-8b")
-    assert summarize_pack_arrays(arrays, cost_model=model) == summarize_packed(packed, cost_model=model)
+    # what the pipeline recorded of its plan before writing, against what is read back from the files
+    summary, manifest = (
+        summarize_packed(packed, cost_model=model),
+        json.loads((packed / "manifest.json").read_text()),
+    )
+    stats, counts = manifest["stats"], manifest["counts"]
+    for name in ("packs", "efficiency", "packing_factor", "max_samples_per_pack", "min_packed_length"):
+        assert summary[name] == stats[name], name
+    assert (summary["sequences"], summary["runtime_tokens"]) == (counts["packed"], counts["tokens_packed"])
+    assert summary["supervised_tokens"] == counts["supervised_packed"]
     # the summed formula is CostModel's per-sequence one, pack by pack
     offsets = np.concatenate(([0], np.cumsum(arrays.sequences)))
     np.testing.assert_allclose(
         pack_costs(arrays, model), model.pack_costs((np.arange(len(lengths)), offsets), lengths), rtol=1e-12
     )
+
+
+def test_summary_of_a_small_folder_counted_by_hand(tmp_path):
+    """Four token rows of 16, 16, 9 and 7 stored tokens (runtime 15, 15, 8, 6) at pack size 16: each 15
+    fills a pack alone and 8 + 6 share the third. The 8 is supervised on its last 5 labels only."""
+    eos = 50256
+    rows = [
+        {"input_ids": [*range(1, 16), eos]},
+        {"input_ids": [*range(1, 9), eos], "loss_mask": [0] * 4 + [1] * 5},
+        {"input_ids": [*range(1, 16), eos]},
+        {"input_ids": [*range(1, 7), eos]},
+    ]
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "packed"
+    pack_dataset([source], out, PackConfig(packed_sequence_size=16, format=FormatConfig(format="tokens")))
+
+    arrays = read_pack_arrays(out)
+    by_pack = sorted(
+        zip(
+            arrays.runtime.tolist(),
+            arrays.sequences.tolist(),
+            arrays.supervised.tolist(),
+            arrays.squared.tolist(),
+            strict=True,
+        )
+    )
+    assert by_pack == [(14, 2, 11, 100.0), (15, 1, 15, 225.0), (15, 1, 15, 225.0)]
+    assert sorted(arrays.sequence_lengths.tolist()) == [6, 8, 15, 15]
+
+    squares = CostModel(linear=1.0, quadratic=1.0, unit="tokens")  # packs cost 240, 240, 14 + 100
+    summary = summarize_packed(out, cost_model=squares)
+    assert {key: summary[key] for key in summary if key not in ("path", "cost", "manifest")} == {
+        "files": 1,
+        "packs": 3,
+        "sequences": 4,
+        "runtime_tokens": 44,
+        "supervised_tokens": 41,
+        "max_samples_per_pack": 2,
+        "min_packed_length": 14,
+        "max_packed_length": 15,
+        "mean_packed_length": pytest.approx(44 / 3, rel=1e-15),
+        "packing_factor": pytest.approx(4 / 3, rel=1e-15),
+        "pack_size": 16,
+        "efficiency": pytest.approx(44 / 48, rel=1e-15),
+        "over_pack_size": 0,
+    }
+    mean = (240 + 240 + 114) / 3  # 198; deviations 42, 42, -84
+    assert summary["cost"]["mean"] == pytest.approx(mean, rel=1e-15)
+    assert summary["cost"]["max_over_mean"] == pytest.approx(240 / mean, rel=1e-15)
+    assert summary["cost"]["cv"] == pytest.approx(((42**2 * 2 + 84**2) / 3) ** 0.5 / mean, rel=1e-12)
+    assert summarize_packed(out, pack_size=32)["efficiency"] == pytest.approx(44 / 96, rel=1e-15)
 
 
 # --- the figures' data ------------------------------------------------------------------------------------
