@@ -52,18 +52,14 @@ class SettingFlag:
         if isinstance(value, bool):
             return [self.flag] if value else []
         if isinstance(value, Mapping):
-            return [word for key, item in value.items() for word in (self.flag, _quote(f"{key}={item}"))]
+            return [word for key, item in value.items() for word in (self.flag, shlex.quote(f"{key}={item}"))]
         if isinstance(value, (list, tuple)):
-            return [self.flag, _quote(",".join(map(str, value)))]
-        return [self.flag, _quote(str(value))]
-
-
-def _quote(text: str) -> str:
-    return shlex.quote(text)
+            return [self.flag, shlex.quote(",".join(map(str, value)))]
+        return [self.flag, shlex.quote(str(value))]
 
 
 def _truncate_fields(value: Any) -> list[str]:
-    return ["--truncate-field", "none" if not value else _quote(",".join(value))]
+    return ["--truncate-field", "none" if not value else shlex.quote(",".join(value))]
 
 
 def _balance_costs(value: Any) -> list[str]:
@@ -83,13 +79,13 @@ def _prompt_template(value: Any) -> list[str]:
     True
     """
     escaped = str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
-    return ["--prompt-template", _quote(escaped)]
+    return ["--prompt-template", shlex.quote(escaped)]
 
 
 def _template_vars(value: Any) -> list[str]:
     """Recorded ``(name, value)`` pairs: one ``--template-var NAME=VALUE`` each, the value as JSON."""
     pairs = value.items() if isinstance(value, Mapping) else value
-    return [w for name, item in pairs for w in ("--template-var", _quote(f"{name}={json.dumps(item)}"))]
+    return [w for name, item in pairs for w in ("--template-var", shlex.quote(f"{name}={json.dumps(item)}"))]
 
 
 def _vision(value: Any) -> list[str]:
@@ -97,9 +93,9 @@ def _vision(value: Any) -> list[str]:
     sizes = value.get("sizes", {}) if isinstance(value, Mapping) else {}
     words = ["--vision-processor", "PROCESSOR_FOLDER"]
     if sizes.get("model"):
-        words += ["--vision", _quote(str(sizes["model"]))]
+        words += ["--vision", shlex.quote(str(sizes["model"]))]
     if value.get("media_root"):
-        words += ["--media-root", _quote(str(value["media_root"]))]
+        words += ["--media-root", shlex.quote(str(value["media_root"]))]
     return words
 
 

@@ -62,16 +62,17 @@ def tokenize_reusing_store(
             key = None
     if key is not None and (hit := cache.lookup(key)) is not None:
         folder, info = hit
+        store = TokenStore.open(folder)
+        longest = int(store.lengths.max(initial=0))
         same = same_samples(info.get("format"), config.format.format, info.get("kinds", ()))
-        longest = int(TokenStore.open(folder).lengths.max(initial=0))
         if same and same_texts(info["text_budget"], info["texts_cut"], longest, budget, config.cap):
             shutil.rmtree(store_dir, ignore_errors=True)
             progress.advance(info["rows_read"])
             bad_rows = [BadRow(**row) for row in info["bad_rows"]]
-            store = TokenStore.open(folder)
             return TokenizeReport(
                 store, info["rows_read"], bad_rows, reused=True, texts_cut=info["texts_cut"]
             )
+        del store
         shutil.rmtree(folder, ignore_errors=True)  # other samples, or cut texts too short for this cap
     try:
         report = tokenize_to_store(
