@@ -86,7 +86,10 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/bench_probe.py
 	$(PY) benchmarks/bench_chat_templates.py
 	$(PY) benchmarks/bench_collate_truncation.py
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python --target .mbref \
+		megatron-bridge==0.6.2 megatron-core==0.19.2 triton
+	$(PY) benchmarks/bench_megatron_bridge_truncation.py --reference .mbref
 	$(PY) benchmarks/bench_training.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build site src/*.egg-info src/tightpack/core/*.so packed-demo
+	rm -rf $(VENV) $(OLDEST) .mbref build site src/*.egg-info src/tightpack/core/*.so packed-demo
