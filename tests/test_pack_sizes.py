@@ -1,4 +1,4 @@
-"""`tightpack plan` (tightpack.pack_sizes): every candidate pack size planned on one tokenization.
+"""`tightpack plan` (tightpack.reports.pack_sizes): every candidate pack size planned on one tokenization.
 
 Each row must be what ``tightpack pack`` at that size writes into its manifest (the same accounting and
 planner, not a second implementation); the straggler simulation must be what the offline samplers deal;
@@ -15,8 +15,8 @@ from tightpack.core.balance import epoch_rank_costs
 from tightpack.core.cost_model import CostModel
 from tightpack.errors import TightpackError
 from tightpack.pack_config import PackConfig
-from tightpack.pack_sizes import compare_pack_sizes
 from tightpack.pipeline import pack_dataset
+from tightpack.reports.pack_sizes import compare_pack_sizes
 from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler
 from tightpack.runtime.samplers import PackedBatchSampler
 

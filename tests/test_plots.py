@@ -1,4 +1,4 @@
-"""`tightpack.plots`: the PNG and HTML files are valid, and every plotted number is the computation's.
+"""`tightpack.reports.plots`: the PNG and HTML files are valid, and every plotted number is the computation's.
 
 The figures are read back artist by artist (line data, bar heights) and compared with the fields of
 `PackSizeRow` and the `PackArrays` the summary is made of; only the file tests render (about a second
@@ -17,19 +17,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tightpack import plots
 from tightpack.core.cost_model import CostModel
 from tightpack.errors import TightpackError
 from tightpack.pack_config import PackConfig
-from tightpack.pack_sizes import compare_pack_sizes
-from tightpack.packed_summary import (
+from tightpack.pipeline import pack_dataset
+from tightpack.prepare.formats import FormatConfig
+from tightpack.reports import plots
+from tightpack.reports.pack_sizes import compare_pack_sizes
+from tightpack.reports.summary import (
     pack_costs,
     read_pack_arrays,
     summarize_pack_arrays,
     summarize_packed,
 )
-from tightpack.pipeline import pack_dataset
-from tightpack.prepare.formats import FormatConfig
 
 from .conftest import random_words, write_jsonl
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tightpack.config import DATASET_TYPES, PackedSequenceSpecs, TrainConfig, load_config
+from tightpack.config import DATASET_TYPES, PackedSequenceSpecs, TrainSection, load_config
 from tightpack.errors import TightpackError
 
 from .helpers import DELETE, ENERGON, GPT, OFFLINE, SFT, data, dist, merge, model, train
@@ -147,9 +147,9 @@ def test_unreadable_files(tmp_path):
 
 
 def test_direct_construction_checks_ranges():
-    with pytest.raises(TightpackError, match=r"^TrainConfig.micro_batch_size must be at least 1, got 0$"):
-        TrainConfig(micro_batch_size=0, global_batch_size=8)
+    with pytest.raises(TightpackError, match=r"^TrainSection.micro_batch_size must be at least 1, got 0$"):
+        TrainSection(micro_batch_size=0, global_batch_size=8)
     assert (
-        dataclasses.replace(TrainConfig(micro_batch_size=1, global_batch_size=8), num_epochs=2).num_epochs
+        dataclasses.replace(TrainSection(micro_batch_size=1, global_batch_size=8), num_epochs=2).num_epochs
         == 2
     )

@@ -43,10 +43,10 @@ def inspect(
     """Summarize a packed dataset (ours or Megatron-Bridge's); --plot and --html draw it pack by pack."""
     from tightpack.core.cost_model import CostModel
     from tightpack.errors import TightpackError
-    from tightpack.packed_summary import read_pack_arrays, summarize_pack_arrays
+    from tightpack.reports.summary import read_pack_arrays, summarize_pack_arrays
 
     if plot is not None or html is not None:
-        from tightpack import plots
+        from tightpack.reports import plots
 
         plots.require_matplotlib()  # before reading anything, as the cost model below
     model = None if cost_model is None else CostModel.resolve(cost_model)

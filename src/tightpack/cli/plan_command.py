@@ -86,11 +86,11 @@ def plan(
     (as ``validate`` and ``verify`` exit 1 on what they find), 2 on a user error.
     """
     from tightpack.pack_config import PackConfig
-    from tightpack.pack_sizes import compare_pack_sizes
+    from tightpack.reports.pack_sizes import compare_pack_sizes
 
     sizes = _sizes(pack_sizes)
     if plot is not None or html is not None:
-        from tightpack import plots
+        from tightpack.reports import plots
 
         plots.require_matplotlib()  # before the work, not after it
     config = PackConfig(

@@ -8,7 +8,7 @@ would write into the configuration). docs/validation-rules.md lists the rules.
 The modules:
 
 - `schema`: the sections and the dataset kinds, as dataclasses.
-- `loading`: a YAML file or a dict to a `TrainingConfig`; its docstring states which keys are accepted
+- `loading`: a YAML file or a dict to a `RunConfig`; its docstring states which keys are accepted
   without being read and how the dataset kind is chosen. It uses `keys` (what an unknown key means, the
   dataset kind from its fields) and `megatron_bridge` (Megatron-Bridge's sections and fields).
 - `derive`: the values the reference derives, and the packing-path predicates.
@@ -24,47 +24,53 @@ from tightpack.config.report import Finding, ValidationReport
 from tightpack.config.rules import RULES
 from tightpack.config.schema import (
     DATASET_TYPES,
-    CommOverlapConfig,
+    CommOverlapSection,
     DatasetConfig,
     DatasetProvider,
-    DDPConfig,
+    DDPSection,
     DirectHFSFTDatasetConfig,
-    DistConfig,
-    DistTrainConfig,
+    DistSection,
+    DistTrainSection,
     EnergonDatasetConfig,
     GPTDatasetConfig,
     GPTSFTDatasetConfig,
     MockVLMSFTDatasetConfig,
-    ModelConfig,
+    ModelSection,
     PackedSequenceSpecs,
-    TrainConfig,
-    TrainingConfig,
-    ValidationConfig,
+    RunConfig,
+    TrainSection,
+    ValidationSection,
 )
+from tightpack.config.schema import renamed as _renamed
 from tightpack.config.validation import validate
 
 __all__ = [
     "DATASET_TYPES",
     "RULES",
-    "CommOverlapConfig",
-    "DDPConfig",
+    "CommOverlapSection",
+    "DDPSection",
     "DatasetConfig",
     "DatasetProvider",
     "DerivedValues",
     "DirectHFSFTDatasetConfig",
-    "DistConfig",
-    "DistTrainConfig",
+    "DistSection",
+    "DistTrainSection",
     "EnergonDatasetConfig",
     "Finding",
     "GPTDatasetConfig",
     "GPTSFTDatasetConfig",
     "MockVLMSFTDatasetConfig",
-    "ModelConfig",
+    "ModelSection",
     "PackedSequenceSpecs",
-    "TrainConfig",
-    "TrainingConfig",
-    "ValidationConfig",
+    "RunConfig",
+    "TrainSection",
     "ValidationReport",
+    "ValidationSection",
     "load_config",
     "validate",
 ]
+
+
+def __getattr__(name: str) -> type:
+    """The old class names (``TrainingConfig``, ``TrainConfig``, ...), with a DeprecationWarning."""
+    return _renamed(__name__, name)

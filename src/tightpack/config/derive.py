@@ -18,7 +18,7 @@ from tightpack.config.schema import (
     CollatePackingDataset,
     EnergonDatasetConfig,
     PackedSequenceSpecs,
-    TrainingConfig,
+    RunConfig,
 )
 from tightpack.core.alignment import alignment_multiple
 
@@ -170,7 +170,7 @@ def _divide(numerator: int, denominator: int) -> int | None:
     return numerator // denominator if numerator % denominator == 0 else None
 
 
-def overlap_copies(config: TrainingConfig) -> list[tuple[str, object]]:
+def overlap_copies(config: RunConfig) -> list[tuple[str, object]]:
     """Every copy of the EP-overlap / delayed-wgrad flags (R11), as (path, value)."""
     copies: list[tuple[str, object]] = [
         (f"model.{name}", getattr(config.model, name)) for name in _OVERLAP_FLAGS
@@ -187,7 +187,7 @@ def overlap_copies(config: TrainingConfig) -> list[tuple[str, object]]:
     return copies
 
 
-def derive(config: TrainingConfig) -> DerivedValues:
+def derive(config: RunConfig) -> DerivedValues:
     """The values the reference derives from ``config``, which is not modified."""
     model, train, dataset = config.model, config.train, config.dataset
     tp, cp, pp = (

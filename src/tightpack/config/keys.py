@@ -14,7 +14,7 @@ from functools import cache
 from typing import get_args, get_type_hints
 
 from tightpack.config.megatron_bridge import MB_FIELDS, MB_SECTIONS
-from tightpack.config.schema import DATASET_TYPES, DatasetProvider, TrainingConfig
+from tightpack.config.schema import DATASET_TYPES, DatasetProvider, RunConfig
 from tightpack.errors import TightpackError
 
 # Rule 4: an unread key this close (difflib ratio) to a field of its section is a typo of that field.
@@ -128,7 +128,7 @@ def _field_paths() -> dict[str, tuple[str, ...]]:
                 if dataclasses.is_dataclass(member):
                     walk(member, path)
 
-    walk(TrainingConfig, "")
+    walk(RunConfig, "")
     return {name: tuple(found) for name, found in paths.items()}
 
 
@@ -143,7 +143,7 @@ def unknown_key_message(cls: type, key: str, prefix: str) -> str | None:
     kind = getattr(cls, "type", None)
     where = prefix or "the top level"
     head = f"unknown key {key!r} in {where}{f' ({kind})' if kind else ''} ({join_path(prefix, key)})"
-    top = cls is TrainingConfig
+    top = cls is RunConfig
     if key in (MB_SECTIONS if top else MB_FIELDS.get(cls, ())):
         return None
     custom = cls is DatasetProvider  # the user's own class: only closeness counts

@@ -1,4 +1,4 @@
-"""Reading a configuration: `load_config` builds a `TrainingConfig` from a YAML file or a dict.
+"""Reading a configuration: `load_config` builds a `RunConfig` from a YAML file or a dict.
 
 The file is laid out like Megatron-Bridge's ``ConfigContainer``: sections ``train``, ``model``, ``ddp``,
 ``dataset``, ``validation``, ``dist``, ``comm_overlap`` and ``dist_train`` with Megatron-Bridge's field names
@@ -57,8 +57,8 @@ from tightpack.config.schema import (
     DatasetConfig,
     DatasetProvider,
     GPTSFTDatasetConfig,
-    ModelConfig,
-    TrainingConfig,
+    ModelSection,
+    RunConfig,
     check_minimum,
 )
 from tightpack.errors import TightpackError
@@ -66,8 +66,8 @@ from tightpack.errors import TightpackError
 _TARGET = "_target_"
 
 
-def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingConfig:
-    """Build a `TrainingConfig` from a YAML file path or a dict of sections.
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> RunConfig:
+    """Build a `RunConfig` from a YAML file path or a dict of sections.
 
     ``_target_`` keys (Megatron-Bridge's serialized class paths) are accepted on every section that they
     name the right class for; on ``dataset`` the class picks the kind. A dataset with neither ``type`` nor
@@ -128,9 +128,9 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingC
     return _build_config(data)
 
 
-def _build_config(data: Mapping[str, Any]) -> TrainingConfig:
+def _build_config(data: Mapping[str, Any]) -> RunConfig:
     skipped: list[str] = []
-    config = _build(TrainingConfig, data, "", skipped)
+    config = _build(RunConfig, data, "", skipped)
     config.not_checked = tuple(skipped)
     return config
 
@@ -146,7 +146,7 @@ def _build(cls: type, data: object, prefix: str, skipped: list[str]) -> Any:
     any_key = False
     if _TARGET in data:
         _check_section_target(cls, data[_TARGET], prefix)
-        any_key = cls is ModelConfig  # a serialized provider: every field of its class (rule 3)
+        any_key = cls is ModelSection  # a serialized provider: every field of its class (rule 3)
         data = {key: value for key, value in data.items() if key != _TARGET}
     fields = {item.name: item for item in dataclasses.fields(cls) if item.init}
     for key in data:
@@ -185,7 +185,7 @@ def _check_section_target(cls: type, value: object, prefix: str) -> None:
     """A section's ``_target_`` must name the Megatron-Bridge class the section is; then it is dropped."""
     path = join_path(prefix, _TARGET)
     name = _target_class(value, path)
-    if cls is ModelConfig:
+    if cls is ModelSection:
         dataset_class = name in DATASET_TYPES or name in DATASET_ALIASES
         if name.endswith(MODEL_TARGET_SUFFIXES) and not dataset_class:
             return

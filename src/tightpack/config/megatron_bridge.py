@@ -9,30 +9,30 @@ every field tightpack reads (rule 5).
 from __future__ import annotations
 
 from tightpack.config.schema import (
-    CommOverlapConfig,
-    DDPConfig,
+    CommOverlapSection,
+    DDPSection,
     DirectHFSFTDatasetConfig,
-    DistConfig,
-    DistTrainConfig,
+    DistSection,
+    DistTrainSection,
     GPTDatasetConfig,
     GPTSFTDatasetConfig,
     MockVLMSFTDatasetConfig,
-    ModelConfig,
+    ModelSection,
     PackedSequenceSpecs,
-    TrainConfig,
-    TrainingConfig,
-    ValidationConfig,
+    RunConfig,
+    TrainSection,
+    ValidationSection,
 )
 
 # The Megatron-Bridge class of each section, as the ``_target_`` of a serialized configuration names it.
 SECTION_TARGETS: dict[type, str] = {
-    TrainingConfig: "ConfigContainer",
-    TrainConfig: "TrainingConfig",
-    DDPConfig: "DistributedDataParallelConfig",
-    ValidationConfig: "ValidationConfig",
-    DistConfig: "DistributedInitConfig",
-    CommOverlapConfig: "CommOverlapConfig",
-    DistTrainConfig: "DistTrainConfig",
+    RunConfig: "ConfigContainer",
+    TrainSection: "TrainingConfig",
+    DDPSection: "DistributedDataParallelConfig",
+    ValidationSection: "ValidationConfig",
+    DistSection: "DistributedInitConfig",
+    CommOverlapSection: "CommOverlapConfig",
+    DistTrainSection: "DistTrainConfig",
     PackedSequenceSpecs: "PackedSequenceSpecs",
 }
 # ``model`` is one of many classes: GPTModelProvider and its per-family subclasses (Llama31ModelProvider,
@@ -66,7 +66,7 @@ MB_SECTIONS = _names(
     """
 )
 MB_FIELDS: dict[type, frozenset[str]] = {
-    TrainConfig: _names(
+    TrainSection: _names(
         """
         check_optimizer_step_success check_weight_hash_across_dp_replicas_interval
         decrease_batch_size_if_needed empty_unused_memory_level eval_interval eval_iters
@@ -77,7 +77,7 @@ MB_FIELDS: dict[type, frozenset[str]] = {
         train_sync_interval
         """
     ),
-    ModelConfig: _names(
+    ModelSection: _names(
         """
         account_for_embedding_in_pipeline_split account_for_loss_in_pipeline_split activation_func
         activation_func_clamp_value activation_func_fp8_input_store activation_offload_fraction
@@ -181,7 +181,7 @@ MB_FIELDS: dict[type, frozenset[str]] = {
         yarn_original_max_position_embeddings yarn_rotary_scaling_factor
         """
     ),
-    DDPConfig: _names(
+    DDPSection: _names(
         """
         align_param_gather bucket_size check_for_large_grads data_parallel_sharding_strategy
         delay_wgrad_compute disable_symmetric_registration fp4_param_gather fp8_param_gather
@@ -196,13 +196,13 @@ MB_FIELDS: dict[type, frozenset[str]] = {
         suggested_communication_unit_size use_custom_fsdp use_megatron_fsdp
         """
     ),
-    ValidationConfig: _names(
+    ValidationSection: _names(
         """
         full_validation multiple_validation_sets skip_train start_eval_at_iter test_mode
         validation_set_names
         """
     ),
-    DistConfig: _names(
+    DistSection: _names(
         """
         align_grad_reduce disable_jit_fuser distributed_backend distributed_timeout_minutes
         distributed_timeout_seconds_after_init enable_megatron_core_experimental
@@ -214,7 +214,7 @@ MB_FIELDS: dict[type, frozenset[str]] = {
         use_torch_fsdp2 use_tp_pp_dp_mapping
         """
     ),
-    CommOverlapConfig: _names(
+    CommOverlapSection: _names(
         """
         align_param_gather batch_p2p_comm bucket_size data_parallel_size defer_embedding_wgrad_compute
         overlap_grad_reduce overlap_p2p_comm overlap_param_gather

@@ -41,7 +41,7 @@ class ValidationReport:
     Attributes:
         findings: the violations, errors and warnings, in rule order.
         derived: what the reference derives (None: not computed).
-        not_checked: the dotted paths `load_config` accepted without reading (``TrainingConfig.not_checked``).
+        not_checked: the dotted paths `load_config` accepted without reading (``RunConfig.not_checked``).
 
     >>> report = ValidationReport(findings=(Finding("R21", "error", "MBS is 1", "set MBS 2"),), derived=None)
     >>> report.ok, [finding.rule for finding in report.errors], report.warnings

@@ -1,14 +1,21 @@
-"""The configuration's sections: dataclasses laid out and named like Megatron-Bridge's ``ConfigContainer``.
+"""The configuration's sections: dataclasses laid out like Megatron-Bridge's ``ConfigContainer``.
 
-One class per section (``train``, ``model``, ``ddp``, ``validation``, ``dist``, ``comm_overlap``,
-``dist_train``), one per dataset kind (`DATASET_TYPES`), and `TrainingConfig`, the whole. Construction checks
-only the ranges of the fields marked ``minimum``: reading a file (types, unknown keys, the dataset kind) is
-`tightpack.config.loading`'s, and the packing rules live in `tightpack.config.rules`.
+`RunConfig` is the whole file (Megatron-Bridge's ``ConfigContainer``). It has one ``*Section`` class per
+section: `TrainSection` (``train``; Megatron-Bridge's ``TrainingConfig``), `ModelSection`, `DDPSection`,
+`ValidationSection`, `DistSection`, `CommOverlapSection`, `DistTrainSection`; and one class per dataset kind
+(`DATASET_TYPES`), named as Megatron-Bridge names them, since ``dataset.type`` gives that name. The names
+differ from Megatron-Bridge's on purpose: a tightpack class models only the fields the packing rules read.
+The old names (``TrainingConfig`` for the whole, ``TrainConfig``, ``ModelConfig``... for the sections) still
+import, with a DeprecationWarning, for one release.
+
+Construction checks only the ranges of the fields marked ``minimum``: reading a file (types, unknown keys,
+the dataset kind) is `tightpack.config.loading`'s, and the packing rules live in `tightpack.config.rules`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
@@ -40,8 +47,8 @@ class _Section:
 
 
 @dataclass(kw_only=True)
-class TrainConfig(_Section):
-    """``train``: batch sizes and run length.
+class TrainSection(_Section):
+    """``train`` (Megatron-Bridge's ``TrainingConfig``): batch sizes and run length.
 
     Attributes:
         micro_batch_size: rows per micro-batch and data-parallel rank (one pack with offline packing).
@@ -57,7 +64,7 @@ class TrainConfig(_Section):
 
 
 @dataclass(kw_only=True)
-class ModelConfig(_Section):
+class ModelSection(_Section):
     """``model``: parallel layout, sequence length, loss mode and execution modes.
 
     Attributes:
@@ -92,7 +99,7 @@ class ModelConfig(_Section):
 
 
 @dataclass(kw_only=True)
-class DDPConfig(_Section):
+class DDPSection(_Section):
     """``ddp``: Megatron-Core distributed data parallel.
 
     Attributes:
@@ -110,7 +117,7 @@ class DDPConfig(_Section):
 
 
 @dataclass(kw_only=True)
-class ValidationConfig(_Section):
+class ValidationSection(_Section):
     """``validation``: evaluation batch sizes (None: the training values).
 
     Attributes:
@@ -125,7 +132,7 @@ class ValidationConfig(_Section):
 
 
 @dataclass(kw_only=True)
-class DistConfig(_Section):
+class DistSection(_Section):
     """``dist``: the process layout.
 
     Attributes:
@@ -140,7 +147,7 @@ class DistConfig(_Section):
 
 
 @dataclass(kw_only=True)
-class CommOverlapConfig(_Section):
+class CommOverlapSection(_Section):
     """``comm_overlap``: communication overlap (None values: left to Megatron-Bridge's defaults).
 
     Attributes:
@@ -156,7 +163,7 @@ class CommOverlapConfig(_Section):
 
 
 @dataclass(kw_only=True)
-class DistTrainConfig(_Section):
+class DistTrainSection(_Section):
     """``dist_train``: Qwen3-VL DistTrain (incompatible with native Energon packing, R10.6)."""
 
     use_dist_train: bool = False
@@ -331,8 +338,8 @@ FINETUNING_TYPES = (
 
 
 @dataclass(kw_only=True)
-class TrainingConfig(_Section):
-    """The whole configuration (Megatron-Bridge ``ConfigContainer``); build it with `load_config`.
+class RunConfig(_Section):
+    """The whole configuration (Megatron-Bridge's ``ConfigContainer``); build it with `load_config`.
 
     Attributes:
         train, model, dataset: required sections.
@@ -343,11 +350,42 @@ class TrainingConfig(_Section):
     """
 
     not_checked: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
-    train: TrainConfig
-    model: ModelConfig
+    train: TrainSection
+    model: ModelSection
     dataset: DatasetConfig
-    ddp: DDPConfig = field(default_factory=DDPConfig)
-    validation: ValidationConfig = field(default_factory=ValidationConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
-    comm_overlap: CommOverlapConfig | None = None
-    dist_train: DistTrainConfig = field(default_factory=DistTrainConfig)
+    ddp: DDPSection = field(default_factory=DDPSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    dist: DistSection = field(default_factory=DistSection)
+    comm_overlap: CommOverlapSection | None = None
+    dist_train: DistTrainSection = field(default_factory=DistTrainSection)
+
+
+# The names of tightpack 0.x, which Megatron-Bridge uses for other classes (its TrainingConfig is the
+# ``train`` section): importable for one release, with a warning.
+RENAMED = {
+    "TrainingConfig": "RunConfig",
+    "TrainConfig": "TrainSection",
+    "ModelConfig": "ModelSection",
+    "DDPConfig": "DDPSection",
+    "ValidationConfig": "ValidationSection",
+    "DistConfig": "DistSection",
+    "CommOverlapConfig": "CommOverlapSection",
+    "DistTrainConfig": "DistTrainSection",
+}
+
+
+def renamed(module: str, name: str) -> type:
+    """The class an old name of `RENAMED` stands for, with a DeprecationWarning naming the new one.
+
+    Raises:
+        AttributeError: ``name`` is no old name.
+    """
+    new = RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} is deprecated: use {module}.{new}", DeprecationWarning, stacklevel=3)
+    return globals()[new]
+
+
+def __getattr__(name: str) -> type:
+    return renamed(__name__, name)

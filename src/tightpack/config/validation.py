@@ -5,10 +5,10 @@ from __future__ import annotations
 from tightpack.config.derive import derive
 from tightpack.config.report import Finding, ValidationReport
 from tightpack.config.rules.registry import REGISTRY
-from tightpack.config.schema import TrainingConfig
+from tightpack.config.schema import RunConfig
 
 
-def validate(config: TrainingConfig) -> ValidationReport:
+def validate(config: RunConfig) -> ValidationReport:
     """Check every rule and return all findings (never just the first) with the derived values.
 
     The configuration is not modified; ``report.derived.overrides()`` lists what the reference would write.

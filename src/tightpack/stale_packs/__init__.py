@@ -16,9 +16,11 @@ output folder: the reference's guidance after a topology change.
 The configuration rules live in `tightpack.config`; `validate_with_packed_data` joins both into one
 `ValidationReport` for ``tightpack validate CONFIG --packed DIR --deep``.
 
-Modules: `rules` (the D rules as data), `result` (what a check returns), `checker` (one run, split by
-split: paths, pack size, multiple, files, tokenizer), with its parts `rows` (sampled or every row),
-`metadata` (what ``pad_cu_seqlens`` reads) and `repack` (the fix command).
+Modules: `rules` (the D rules as data), `result` (what a check returns), `context` (`CheckContext`, what
+every check reads and the list it adds its findings to; `CheckedSplit`, one split as it is checked),
+`checker` (one run: split by split, then the metadata). The checks are plain functions of a context, one
+module per group of rules: `paths` (D1), `sizes` (D2-D4), `metadata` (D5, D6), `tokenizer` (D7), `rows`
+(D8, D10: the rows read), `files` (D9); `repack` builds the fix command they share.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tightpack.config import TrainingConfig, ValidationReport, load_config, validate
-from tightpack.config.derive import derive, is_offline, packing_specs
-from tightpack.stale_packs.checker import _Checker
+from tightpack.config import RunConfig, ValidationReport, load_config, validate
+from tightpack.config.derive import is_offline, packing_specs
+from tightpack.stale_packs.checker import run_checks
+from tightpack.stale_packs.context import CheckContext
 from tightpack.stale_packs.result import PackedDataCheck, PackedSplit
 from tightpack.stale_packs.rules import DATA_RULES, SAMPLE_ROWS, DataRule
 
@@ -78,7 +81,7 @@ def format_report(report: ValidationReport, checked: PackedDataCheck) -> str:
 
 
 def check_packed_data(
-    config: TrainingConfig,
+    config: RunConfig,
     *,
     packed: Path | None = None,
     deep: bool = False,
@@ -108,7 +111,7 @@ def check_packed_data(
         return PackedDataCheck(
             (), notes=("nothing to check: no packed_train_data_path or packed_val_data_path (nor --packed)",)
         )
-    return _Checker(config, derive(config), deep, raw or {}).run(packed, named)
+    return run_checks(CheckContext.of(config, deep=deep, raw=raw or {}), packed, named)
 
 
 def _read_yaml(path: Path) -> Mapping[str, Any]:

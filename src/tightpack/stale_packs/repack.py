@@ -14,65 +14,70 @@ from tightpack.core.alignment import alignment_multiple, length_cap
 from tightpack.errors import TightpackError
 from tightpack.pack_config import PackConfig
 from tightpack.pack_flags import sample_flags
-from tightpack.stale_packs.result import CheckedSplit
-from tightpack.stale_packs.rules import SPECS as _SPECS
+from tightpack.stale_packs.context import CheckContext, CheckedSplit
+from tightpack.stale_packs.rules import SPECS
 
 
-class Repack:
-    """`_Checker`'s re-pack commands (a mixin: it uses the checker's configuration, specs, k, raw YAML)."""
+def repack_fix(context: CheckContext, split: CheckedSplit) -> str:
+    """The fix of a finding on ``split``: re-pack into a fresh folder, then point the configuration at it."""
+    command, output = repack_command(context, split)
+    where = f"{SPECS}.{split.attr}" if split.attr else "the configuration's packed path"
+    configured = (context.specs.pad_seq_to_mult if context.specs else None) or 1
+    target = math.lcm(max(configured, 1), context.k)
+    also = f" and {SPECS}.pad_seq_to_mult: {target}" if target != configured else ""
+    return f"Re-pack into a fresh output folder: {command}; then set {where}: {output}{also}."
 
-    def _repack_fix(self, split: CheckedSplit) -> str:
-        command, output = self._repack_command(split)
-        where = f"{_SPECS}.{split.attr}" if split.attr else "the configuration's packed path"
-        configured = (self.specs.pad_seq_to_mult if self.specs else None) or 1
-        target = math.lcm(max(configured, 1), self.k)
-        also = f" and {_SPECS}.pad_seq_to_mult: {target}" if target != configured else ""
-        return f"Re-pack into a fresh output folder: {command}; then set {where}: {output}{also}."
 
-    def _repack_command(self, split: CheckedSplit) -> tuple[str, str]:
-        """The ``tightpack pack`` command for packs this configuration can train on, and its output."""
-        manifest = split.manifest or {}
-        words = ["tightpack", "pack"]
-        sources = [source.get("path") for source in manifest.get("sources", []) if source.get("path")]
-        if any("(embedded default)" in source for source in sources):
-            words.append("--demo")
-        else:
-            words += [shlex.quote(str(source)) for source in sources] or ["TRAINING.jsonl"]
-        tokenizer = _repack_tokenizer(manifest, self.raw)
-        if tokenizer:
-            words += ["--tokenizer", shlex.quote(tokenizer)]
-        model, specs = self.config.model, self.specs
-        configured = (specs.pad_seq_to_mult if specs else None) or 1
-        target = math.lcm(max(configured, 1), self.k)
-        tp, cp, sp = model.tensor_model_parallel_size, model.context_parallel_size, model.sequence_parallel
-        if target == alignment_multiple(tp=tp, cp=cp, sp=sp):
-            words += [f"--cp {cp}"] if cp > 1 else []
-            words += [f"--tp {tp}"] if tp > 1 and (sp or cp > 1) else []
-            words += ["--sp"] if sp and tp > 1 else []
-        else:
-            words.append(f"--pad-seq-to-mult {target}")
-        size = self.configured_p if self.configured_p and self.configured_p > 0 else split.pack_size
-        words.append(f"--pack-size {size}")
-        settings = manifest.get("settings", {})
-        cap = _repack_cap(settings, specs.max_single_sequence_length if specs else None, size)
-        if cap is not None:
-            words.append(f"--max-seq-length {cap}")
-        if has_fixed_width(self.config.dataset):
-            words.append("--pad-to-max-length")
-        if self.pad_cu_seqlens:
-            words.append("--pad-cu-seqlens")
-        sample, unknown = sample_flags(settings)
-        words += sample
-        base = split.folder if Path(split.path).is_dir() or split.manifest else Path(split.path).parent
-        output = f"{str(base).rstrip(os.sep)}-p{size}-m{target}"
-        words += ["--output", shlex.quote(output)]
-        command = " ".join(words)
-        note = _cap_note(settings, cap or size, target)
-        if note:
-            command += f" ({note})"
-        if unknown:  # recorded by a newer tightpack: say so rather than drop them
-            command += f" (and the recorded {', '.join(unknown)}, which this tightpack has no flag for)"
-        return command, output
+def lowered(fix: str) -> str:
+    """A fix to follow ``or``: its first letter in lower case."""
+    return f"{fix[0].lower()}{fix[1:]}"
+
+
+def repack_command(context: CheckContext, split: CheckedSplit) -> tuple[str, str]:
+    """The ``tightpack pack`` command for packs this configuration can train on, and its output."""
+    manifest = split.manifest or {}
+    words = ["tightpack", "pack"]
+    sources = [source.get("path") for source in manifest.get("sources", []) if source.get("path")]
+    if any("(embedded default)" in source for source in sources):
+        words.append("--demo")
+    else:
+        words += [shlex.quote(str(source)) for source in sources] or ["TRAINING.jsonl"]
+    tokenizer = _repack_tokenizer(manifest, context.raw)
+    if tokenizer:
+        words += ["--tokenizer", shlex.quote(tokenizer)]
+    model, specs = context.config.model, context.specs
+    configured = (specs.pad_seq_to_mult if specs else None) or 1
+    target = math.lcm(max(configured, 1), context.k)
+    tp, cp, sp = model.tensor_model_parallel_size, model.context_parallel_size, model.sequence_parallel
+    if target == alignment_multiple(tp=tp, cp=cp, sp=sp):
+        words += [f"--cp {cp}"] if cp > 1 else []
+        words += [f"--tp {tp}"] if tp > 1 and (sp or cp > 1) else []
+        words += ["--sp"] if sp and tp > 1 else []
+    else:
+        words.append(f"--pad-seq-to-mult {target}")
+    configured_p = context.configured_p
+    size = configured_p if configured_p and configured_p > 0 else split.pack_size
+    words.append(f"--pack-size {size}")
+    settings = manifest.get("settings", {})
+    cap = _repack_cap(settings, specs.max_single_sequence_length if specs else None, size)
+    if cap is not None:
+        words.append(f"--max-seq-length {cap}")
+    if has_fixed_width(context.config.dataset):
+        words.append("--pad-to-max-length")
+    if context.pad_cu_seqlens:
+        words.append("--pad-cu-seqlens")
+    sample, unknown = sample_flags(settings)
+    words += sample
+    base = split.folder if Path(split.path).is_dir() or split.manifest else Path(split.path).parent
+    output = f"{str(base).rstrip(os.sep)}-p{size}-m{target}"
+    words += ["--output", shlex.quote(output)]
+    command = " ".join(words)
+    note = _cap_note(settings, cap or size, target)
+    if note:
+        command += f" ({note})"
+    if unknown:  # recorded by a newer tightpack: say so rather than drop them
+        command += f" (and the recorded {', '.join(unknown)}, which this tightpack has no flag for)"
+    return command, output
 
 
 def _repack_cap(settings: Mapping[str, Any], configured: int | None, size: int | None) -> int | None:

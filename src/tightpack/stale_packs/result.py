@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from tightpack.config import Finding
@@ -77,24 +76,3 @@ class PackedDataCheck:
             "tokenizer": self.tokenizer,
             "notes": list(self.notes),
         }
-
-
-@dataclass
-class CheckedSplit:
-    """One split while it is checked: its files, manifest and what the packs say of themselves."""
-
-    name: str
-    path: str
-    files: list[str]
-    folder: Path
-    manifest: dict[str, Any] | None = None
-    pack_size: int | None = None
-    multiple: int | None = None
-    stats: dict[str, int] = field(default_factory=dict)  # max_samples_per_bin, dataset_max_seqlen, ...
-    rows: int | None = None
-    rows_read: int = 0
-    misaligned: bool = False  # D3 found the recorded multiple wrong: deep reading need not repeat it
-
-    @property
-    def attr(self) -> str:
-        return {"train": "packed_train_data_path", "val": "packed_val_data_path"}.get(self.name, "")

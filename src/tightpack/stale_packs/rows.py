@@ -1,7 +1,9 @@
-"""The checks that read rows (D8): a seeded sample of packs without a manifest, every row with ``--deep``."""
+"""The checks that read rows: a seeded sample of packs without a manifest, every row with ``--deep`` (D8),
+and the token ids of the rows read (D10)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,114 +11,126 @@ from pathlib import Path
 import numpy as np
 
 from tightpack.errors import TightpackError
-from tightpack.packed_summary import sequence_runtime
-from tightpack.stale_packs.result import CheckedSplit
-from tightpack.stale_packs.rules import SAMPLE_ROWS
-from tightpack.stale_packs.rules import SPECS as _SPECS
+from tightpack.reports.summary import sequence_runtime
+from tightpack.stale_packs.context import CheckContext, CheckedSplit
+from tightpack.stale_packs.repack import lowered, repack_fix
+from tightpack.stale_packs.rules import SAMPLE_ROWS, SPECS
+from tightpack.stale_packs.tokenizer import configured_vocabulary
 
 _SAMPLE_SEED = 0
 
 
-class RowChecks:
-    """`_Checker`'s row checks (a mixin: it uses the checker's configuration, ``k`` and ``add``)."""
+def sample_split(context: CheckContext, split: CheckedSplit, *, report: bool) -> CheckedSplit:
+    """Without a manifest: a seeded sample of rows (all with ``deep``), for the metadata check (D6)
+    and, when ``report``, checked for alignment to k and for the width (D8); D10 checks its token ids.
 
-    def _sample(self, split: CheckedSplit, *, report: bool) -> None:
-        """Without a manifest: a seeded sample of rows (all with ``deep``), for the metadata check (D6)
-        and, when ``report``, checked for alignment to k and for the width (D8)."""
-        sample = _sample_rows(split.files, None if self.deep else SAMPLE_ROWS)
-        split.rows, split.rows_read = sample.rows, sample.read
-        if sample.read == 0:
-            return
-        if split.pack_size is None:  # no metadata either: the longest row is all the packs tell
-            self.notes.append(
-                f"{split.name}: no manifest or metadata pack_size; the longest sampled row has "
-                f"{int(sample.loads.max())} runtime tokens"
-            )
-        self._check_token_ids(split, sample)
-        split.stats = {
+    Returns the split with what the rows tell: their count, the rows read and the stats D6 compares.
+    """
+    sample = _sample_rows(split.files, None if context.deep else SAMPLE_ROWS)
+    split = dataclasses.replace(split, rows=sample.rows, rows_read=sample.read)
+    if sample.read == 0:
+        return split
+    if split.pack_size is None:  # no metadata either: the longest row is all the packs tell
+        context.notes.append(
+            f"{split.name}: no manifest or metadata pack_size; the longest sampled row has "
+            f"{int(sample.loads.max())} runtime tokens"
+        )
+    check_token_ids(context, split, sample)
+    split = dataclasses.replace(
+        split,
+        stats={
             "max_samples_per_bin": int(sample.counts.max()),
             "dataset_max_seqlen": int(sample.runtime.max()) if len(sample.runtime) else 0,
             "min_packed_seqlen": int(sample.loads.min()),
-        }
-        if not report:
-            return
-        what = f"{sample.read:,} sampled rows of {sample.rows:,}"
-        bad = np.flatnonzero(sample.runtime % self.k != 0) if self.k > 1 else np.zeros(0, np.int64)
-        if len(bad):
-            first = bad[0]
-            aligned = int(np.gcd.reduce(sample.runtime[sample.runtime > 0])) if len(sample.runtime) else 1
-            self.add(
-                "D8",
-                "error",
-                f"{split.name} packs {split.path}: {len(bad):,} segments of {what} are not divisible by "
-                f"{self.k} ({self._origin()}); e.g. {sample.where(first)} has runtime length "
-                f"{int(sample.runtime[first])} (the sampled segments share the multiple {aligned}).",
-                self._repack_fix(split),
-            )
-        size = self.configured_p
-        if size and size > 0 and (sample.loads > size).any():
-            over = np.flatnonzero(sample.loads > size)
-            self.add(
-                "D8",
-                "error",
-                f"{split.name} packs {split.path}: {len(over):,} of {what} hold more than "
-                f"{_SPECS}.packed_sequence_size {size} runtime tokens (up to {int(sample.loads.max())}).",
-                self._repack_fix(split),
-            )
-
-    def _check_token_ids(self, split: CheckedSplit, sample: _Sample) -> None:
-        """D10: every id read lies in the configured tokenizer's vocabulary (packs without a manifest,
-        whose tokenizer is otherwise unknown)."""
-        vocabulary = self.configured_vocabulary
-        if vocabulary is None:
-            return
-        size, key, value = vocabulary
-        outside = np.flatnonzero(sample.max_ids >= size)
-        if not len(outside):
-            return
-        first = int(outside[0])
-        what = (
-            f"the {sample.rows:,} rows"
-            if sample.read == sample.rows
-            else f"{sample.read:,} sampled rows of {sample.rows:,}"
-        )
-        self.add(
-            "D10",
+        },
+    )
+    if not report:
+        return split
+    k = context.k
+    what = f"{sample.read:,} sampled rows of {sample.rows:,}"
+    bad = np.flatnonzero(sample.runtime % k != 0) if k > 1 else np.zeros(0, np.int64)
+    if len(bad):
+        first = bad[0]
+        aligned = int(np.gcd.reduce(sample.runtime[sample.runtime > 0])) if len(sample.runtime) else 1
+        context.add(
+            "D8",
             "error",
-            f"{split.name} packs {split.path}: {len(outside):,} of {what} hold token ids outside the "
-            f"{size:,}-token vocabulary of {key} {value!r} (ids up to {int(sample.max_ids.max()):,}; e.g. "
-            f"{sample.row_where(first)} holds {int(sample.max_ids[first]):,}): the packs were tokenized with "
-            "another tokenizer, and the embedding lookup fails on them (IndexError; a device-side assert on "
-            "a GPU).",
-            f"Configure the tokenizer the packs were made with ({key}), or "
-            f"{(fix := self._repack_fix(split))[0].lower()}{fix[1:]}",
+            f"{split.name} packs {split.path}: {len(bad):,} segments of {what} are not divisible by "
+            f"{k} ({context.origin()}); e.g. {sample.where(first)} has runtime length "
+            f"{int(sample.runtime[first])} (the sampled segments share the multiple {aligned}).",
+            repack_fix(context, split),
         )
-
-    def _deep(self, split: CheckedSplit) -> None:
-        from tightpack.verify import verify_packed
-
-        # multiple=k checks every segment against 2*CP and CP*TP at once, so cp is not passed (it would
-        # report the same segments twice); the trailing width segment is T1's, from the configuration.
-        report = verify_packed(
-            split.path,
-            pack_size=self.configured_p if self.configured_p and self.configured_p > 0 else None,
-            multiple=self.k,
+    size = context.configured_p
+    if size and size > 0 and (sample.loads > size).any():
+        over = np.flatnonzero(sample.loads > size)
+        context.add(
+            "D8",
+            "error",
+            f"{split.name} packs {split.path}: {len(over):,} of {what} hold more than "
+            f"{SPECS}.packed_sequence_size {size} runtime tokens (up to {int(sample.loads.max())}).",
+            repack_fix(context, split),
         )
-        split.rows = split.rows_read = report.checked.get("rows", 0)
-        by_check: dict[str, list] = {}
-        for violation in report.violations:
-            by_check.setdefault(violation.check, []).append(violation)
-        for check, count in report.counts.items():
-            if check in ("manifest", "metadata") or (check == "alignment" and split.misaligned):
-                continue  # D9 checks the files (sha256 under deep), D5/D6 the metadata, D3 the multiple
-            first = by_check.get(check, [None])[0]
-            self.add(
-                "D8",
-                "error",
-                f"{split.name} packs {split.path}: {count:,} faults of the {check!r} check over every row "
-                f"(k = {self.k}, pack size {self.configured_p}); first: {first}",
-                self._repack_fix(split),
-            )
+    return split
+
+
+def check_token_ids(context: CheckContext, split: CheckedSplit, sample: _Sample) -> None:
+    """D10: every id read lies in the configured tokenizer's vocabulary (packs without a manifest,
+    whose tokenizer is otherwise unknown)."""
+    vocabulary = configured_vocabulary(context)
+    if vocabulary is None:
+        return
+    size, key, value = vocabulary
+    outside = np.flatnonzero(sample.max_ids >= size)
+    if not len(outside):
+        return
+    first = int(outside[0])
+    what = (
+        f"the {sample.rows:,} rows"
+        if sample.read == sample.rows
+        else f"{sample.read:,} sampled rows of {sample.rows:,}"
+    )
+    context.add(
+        "D10",
+        "error",
+        f"{split.name} packs {split.path}: {len(outside):,} of {what} hold token ids outside the "
+        f"{size:,}-token vocabulary of {key} {value!r} (ids up to {int(sample.max_ids.max()):,}; e.g. "
+        f"{sample.row_where(first)} holds {int(sample.max_ids[first]):,}): the packs were tokenized with "
+        "another tokenizer, and the embedding lookup fails on them (IndexError; a device-side assert on "
+        "a GPU).",
+        f"Configure the tokenizer the packs were made with ({key}), or {lowered(repack_fix(context, split))}",
+    )
+
+
+def read_every_row(context: CheckContext, split: CheckedSplit) -> CheckedSplit:
+    """``deep``: every row checked by `tightpack.verify.verify_packed` (D8); returns the split with its
+    row count."""
+    from tightpack.verify import verify_packed
+
+    configured_p = context.configured_p
+    # multiple=k checks every segment against 2*CP and CP*TP at once, so cp is not passed (it would
+    # report the same segments twice); the trailing width segment is T1's, from the configuration.
+    report = verify_packed(
+        split.path,
+        pack_size=configured_p if configured_p and configured_p > 0 else None,
+        multiple=context.k,
+    )
+    rows = report.checked.get("rows", 0)
+    split = dataclasses.replace(split, rows=rows, rows_read=rows)
+    by_check: dict[str, list] = {}
+    for violation in report.violations:
+        by_check.setdefault(violation.check, []).append(violation)
+    for check, count in report.counts.items():
+        if check in ("manifest", "metadata") or (check == "alignment" and split.misaligned):
+            continue  # D9 checks the files (sha256 under deep), D5/D6 the metadata, D3 the multiple
+        first = by_check.get(check, [None])[0]
+        context.add(
+            "D8",
+            "error",
+            f"{split.name} packs {split.path}: {count:,} faults of the {check!r} check over every row "
+            f"(k = {context.k}, pack size {configured_p}); first: {first}",
+            repack_fix(context, split),
+        )
+    return split
 
 
 @dataclass

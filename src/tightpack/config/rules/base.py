@@ -8,7 +8,7 @@ group's decorator; `tightpack.config.rules.registry` puts the rules of every gro
     rules = RuleGroup()
 
     @rules.add("R21", "error", section="§5, §3.7", summary="in-batch packing needs MBS > 1")
-    def _in_batch_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+    def _in_batch_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
         ...
 """
 
@@ -20,7 +20,7 @@ from typing import NamedTuple, get_args
 
 from tightpack.config.derive import DerivedValues
 from tightpack.config.report import Severity
-from tightpack.config.schema import TrainingConfig
+from tightpack.config.schema import RunConfig
 from tightpack.core.alignment import ceil_to_multiple
 
 
@@ -40,7 +40,7 @@ def warning(reason: str, fix: str) -> Issue:
     return Issue("warning", reason, fix)
 
 
-Check = Callable[[TrainingConfig, DerivedValues], Iterable[Issue]]
+Check = Callable[[RunConfig, DerivedValues], Iterable[Issue]]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def round_options(value: int, multiple: int) -> str:
     return f"{below} or {above}" if 0 < below != above else str(above)
 
 
-def multiple_origin(config: TrainingConfig, derived: DerivedValues) -> str:
+def multiple_origin(config: RunConfig, derived: DerivedValues) -> str:
     """Where k comes from, for the messages: ``'k = 4 from TP=1, CP=2, eval CP=2, SP=False'``."""
     model = config.model
     return (

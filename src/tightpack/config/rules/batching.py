@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from tightpack.config.derive import DerivedValues
 from tightpack.config.rules.base import Issue, RuleGroup, error, round_options
-from tightpack.config.schema import DatasetProvider, GPTSFTDatasetConfig, TrainingConfig
+from tightpack.config.schema import DatasetProvider, GPTSFTDatasetConfig, RunConfig
 
 rules = RuleGroup()
 
@@ -23,7 +23,7 @@ rules = RuleGroup()
     section="§5, §3.7",
     summary="`train.num_epochs` only with a GPTSFTDatasetConfig dataset",
 )
-def _num_epochs_dataset(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _num_epochs_dataset(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """``train.num_epochs`` needs a finite GPT SFT dataset."""
     if config.train.num_epochs is not None and not isinstance(config.dataset, GPTSFTDatasetConfig):
         yield error(
@@ -39,7 +39,7 @@ def _num_epochs_dataset(config: TrainingConfig, derived: DerivedValues) -> Itera
     section="§5, §3.7",
     summary='`train.num_epochs` only with `dataloader_type="batch"`',
 )
-def _num_epochs_loader(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _num_epochs_loader(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """``train.num_epochs`` needs the ``batch`` loader."""
     if config.train.num_epochs is not None and config.dataset.dataloader_type != "batch":
         yield error(
@@ -55,7 +55,7 @@ def _num_epochs_loader(config: TrainingConfig, derived: DerivedValues) -> Iterat
     section="§5",
     summary="eval GBS divisible by `eval MBS * eval DP` (eval DP uses the eval CP)",
 )
-def _eval_batch_divisible(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _eval_batch_divisible(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Evaluation GBS is divisible by eval MBS times the eval DP (which uses the eval CP)."""
     model, train = config.model, config.train
     eval_cp, eval_mbs, eval_gbs = (
@@ -87,7 +87,7 @@ def _eval_batch_divisible(config: TrainingConfig, derived: DerivedValues) -> Ite
 
 
 @rules.add("R22", "error", section="§5", summary="`model.seq_length` == `dataset.seq_length`")
-def _seq_length_match(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _seq_length_match(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     model, dataset = config.model, config.dataset
     if not isinstance(dataset, DatasetProvider) and model.seq_length != dataset.seq_length:
         yield error(
@@ -103,7 +103,7 @@ def _seq_length_match(config: TrainingConfig, derived: DerivedValues) -> Iterato
     section="§5, §3.7",
     summary="(sampler, MCore) integral DP; GBS divisible by `MBS * DP`, at least one micro-batch",
 )
-def _global_batch_divisible(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _global_batch_divisible(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """The sampler and MCore's micro-batch calculator: integral DP, GBS divisible by MBS*DP."""
     model, train = config.model, config.train
     tp, pp, cp = (

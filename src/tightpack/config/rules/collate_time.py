@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from tightpack.config.derive import DerivedValues, is_deferred, is_in_batch
 from tightpack.config.rules.base import Issue, RuleGroup, error, multiple_origin, round_options
-from tightpack.config.schema import CollatePackingDataset, TrainingConfig
+from tightpack.config.schema import CollatePackingDataset, RunConfig
 
 rules = RuleGroup()
 
@@ -23,7 +23,7 @@ rules = RuleGroup()
     section="§5, §3.6",
     summary="`pad_to_multiple_of` and `in_batch_packing_pad_to_multiple_of` > 0",
 )
-def _positive_collate_multiples(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _positive_collate_multiples(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """The collate padding multiples are positive (§3.6)."""
     dataset = config.dataset
     if isinstance(dataset, CollatePackingDataset):
@@ -42,7 +42,7 @@ def _positive_collate_multiples(config: TrainingConfig, derived: DerivedValues) 
     section="§5",
     summary="collate datasets: `seq_length` divisible by the CP/SP multiple k",
 )
-def _collate_seq_length_multiple(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _collate_seq_length_multiple(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Collate datasets pad to k, so their sequence length must be a multiple of it."""
     dataset, multiple = config.dataset, derived.alignment_multiple
     if isinstance(dataset, CollatePackingDataset) and dataset.seq_length % multiple:
@@ -55,7 +55,7 @@ def _collate_seq_length_multiple(config: TrainingConfig, derived: DerivedValues)
 
 
 @rules.add("R21", "error", section="§5, §3.7", summary="in-batch packing needs MBS > 1")
-def _in_batch_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _in_batch_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     if is_in_batch(config.dataset) and config.train.micro_batch_size == 1:
         yield error(
             "micro_batch_size should be greater than 1 when using enable_in_batch_packing=True. "
@@ -71,7 +71,7 @@ def _in_batch_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Is
     section="§3.7, §10.13",
     summary='in-batch packing with `dataloader_type="batch"` needs one micro-batch per step',
 )
-def _in_batch_batch_loader(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _in_batch_batch_loader(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """The ``batch`` loader collates a DP rank's global batch at once, then splits it (§3.7)."""
     dataset, steps = config.dataset, derived.micro_batches_per_step
     collate_time = is_in_batch(dataset) and not is_deferred(dataset)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from tightpack.config.derive import DerivedValues, is_deferred, is_in_batch, is_native, overlap_copies
 from tightpack.config.rules.base import Issue, RuleGroup, error, warning
-from tightpack.config.schema import EnergonDatasetConfig, TrainingConfig
+from tightpack.config.schema import EnergonDatasetConfig, RunConfig
 
 QWEN_VL_TASK_ENCODER = "QwenVLEnergonTaskEncoderConfig"
 # Arguments the Energon builder passes itself (§4.1); dataset_kwargs may not override them.
@@ -25,7 +25,7 @@ rules = RuleGroup()
 
 
 @rules.add("R8.2", "error", section="§5, §4.1", summary="a non-empty Energon `path`")
-def _energon_path(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _energon_path(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """An Energon dataset names its path (§4.1)."""
     dataset = config.dataset
     if isinstance(dataset, EnergonDatasetConfig) and not dataset.path.strip():
@@ -35,7 +35,7 @@ def _energon_path(config: TrainingConfig, derived: DerivedValues) -> Iterator[Is
 
 
 @rules.add("R8.3", "error", section="§5, §4.1", summary="no Energon test split (`do_test`)")
-def _energon_test_split(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _energon_test_split(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Energon has no distinct test split (§4.1)."""
     dataset = config.dataset
     if isinstance(dataset, EnergonDatasetConfig) and dataset.do_test:
@@ -46,7 +46,7 @@ def _energon_test_split(config: TrainingConfig, derived: DerivedValues) -> Itera
 
 
 @rules.add("R8.4", "error", section="§5, §4.1", summary="no builder-owned arguments in `dataset_kwargs`")
-def _energon_builder_owned_kwargs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _energon_builder_owned_kwargs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """``dataset_kwargs`` may not override what the Energon builder passes itself (§4.1)."""
     dataset = config.dataset
     if isinstance(dataset, EnergonDatasetConfig):
@@ -61,7 +61,7 @@ def _energon_builder_owned_kwargs(config: TrainingConfig, derived: DerivedValues
 
 
 @rules.add("R8.5", "error", section="§5, §4.1", summary="`packing_buffer_size` > 0 when set")
-def _packing_buffer_positive(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _packing_buffer_positive(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """A set ``packing_buffer_size`` is positive (§4.1)."""
     dataset = config.dataset
     if is_native(dataset) and dataset.packing_buffer_size <= 0:
@@ -73,7 +73,7 @@ def _packing_buffer_positive(config: TrainingConfig, derived: DerivedValues) -> 
 
 
 @rules.add("R8.6", "error", section="§5, §4.1", summary="native packing excludes in-batch packing")
-def _native_xor_in_batch(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_xor_in_batch(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Native packing and collate-time packing are mutually exclusive (§4.1)."""
     if is_native(config.dataset) and is_in_batch(config.dataset):
         yield error(
@@ -85,7 +85,7 @@ def _native_xor_in_batch(config: TrainingConfig, derived: DerivedValues) -> Iter
 
 
 @rules.add("R8.7", "error", section="§5, §4.1", summary="native packing excludes deferred in-batch packing")
-def _native_not_deferred(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_not_deferred(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Native packing cannot be deferred to the step (§4.1)."""
     if is_native(config.dataset) and is_deferred(config.dataset):
         yield error(
@@ -96,7 +96,7 @@ def _native_not_deferred(config: TrainingConfig, derived: DerivedValues) -> Iter
 
 
 @rules.add("R8.8", "error", section="§5, §4.1", summary="native packing needs dataset MBS 1")
-def _native_dataset_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_dataset_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Native packing yields one pack per physical batch (§4.1)."""
     dataset = config.dataset
     if is_native(dataset) and dataset.micro_batch_size != 1:
@@ -108,7 +108,7 @@ def _native_dataset_mbs(config: TrainingConfig, derived: DerivedValues) -> Itera
 
 
 @rules.add("R8.9", "error", section="§5, §4.1", summary="native packing needs the Qwen-VL task encoder")
-def _native_task_encoder(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_task_encoder(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Native packing supports the Qwen-VL task encoder only (§4.1)."""
     dataset = config.dataset
     if is_native(dataset) and dataset.task_encoder != QWEN_VL_TASK_ENCODER:
@@ -120,7 +120,7 @@ def _native_task_encoder(config: TrainingConfig, derived: DerivedValues) -> Iter
 
 
 @rules.add("R9", "error", section="§5", summary="Energon dataset MBS == `train.micro_batch_size`")
-def _energon_train_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _energon_train_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """The Energon loader's batch size is the training micro-batch size."""
     dataset, mbs = config.dataset, config.train.micro_batch_size
     if isinstance(dataset, EnergonDatasetConfig) and dataset.micro_batch_size != mbs:
@@ -132,7 +132,7 @@ def _energon_train_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterat
 
 
 @rules.add("R10.1", "error", section="§5, §4.4", summary="native Energon packing: `train.micro_batch_size` 1")
-def _native_train_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_train_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     if is_native(config.dataset) and config.train.micro_batch_size != 1:
         yield error(
             f"{_NATIVE} requires train.micro_batch_size=1 (got {config.train.micro_batch_size}).",
@@ -142,7 +142,7 @@ def _native_train_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterato
 
 
 @rules.add("R10.2", "error", section="§5, §4.4", summary="native Energon packing: per-token loss")
-def _native_per_token_loss(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_per_token_loss(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     if is_native(config.dataset) and not config.model.calculate_per_token_loss:
         yield error(
             f"{_NATIVE} requires model.calculate_per_token_loss=True.",
@@ -156,7 +156,7 @@ def _native_per_token_loss(config: TrainingConfig, derived: DerivedValues) -> It
     section="§5, §4.4",
     summary="native Energon packing: no averaging in the collective",
 )
-def _native_no_collective_average(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_no_collective_average(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     if is_native(config.dataset) and config.ddp.average_in_collective:
         yield error(
             f"{_NATIVE} requires ddp.average_in_collective=False.", "Set ddp.average_in_collective: false."
@@ -164,7 +164,7 @@ def _native_no_collective_average(config: TrainingConfig, derived: DerivedValues
 
 
 @rules.add("R10.4", "error", section="§5, §4.4", summary="native Energon packing: no MTP")
-def _native_no_mtp(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_no_mtp(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     layers = config.model.mtp_num_layers
     if is_native(config.dataset) and layers is not None and layers > 0:
         yield error(
@@ -179,7 +179,7 @@ def _native_no_mtp(config: TrainingConfig, derived: DerivedValues) -> Iterator[I
     section="§5, §4.4",
     summary="native Energon packing: no CUDA graphs (language or vision)",
 )
-def _native_no_cuda_graphs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_no_cuda_graphs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     model = config.model
     graphs = {
         name: value
@@ -196,7 +196,7 @@ def _native_no_cuda_graphs(config: TrainingConfig, derived: DerivedValues) -> It
 
 
 @rules.add("R10.6", "error", section="§5, §4.4", summary="native Energon packing: no Qwen3-VL DistTrain")
-def _native_no_dist_train(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_no_dist_train(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     if is_native(config.dataset) and config.dist_train.use_dist_train:
         yield error(
             f"{_NATIVE} does not support Qwen3-VL DistTrain.", "Set dist_train.use_dist_train: false."
@@ -204,7 +204,7 @@ def _native_no_dist_train(config: TrainingConfig, derived: DerivedValues) -> Ite
 
 
 @rules.add("R10.7", "error", section="§5, §4.4", summary="native Energon packing: no pipeline parallelism")
-def _native_no_pipeline(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_no_pipeline(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     pp = config.model.pipeline_model_parallel_size
     if is_native(config.dataset) and pp > 1:
         yield error(
@@ -219,7 +219,7 @@ def _native_no_pipeline(config: TrainingConfig, derived: DerivedValues) -> Itera
     section="§5, §4.4",
     summary="native Energon packing turns EP overlap and delayed wgrad off: a warning when one was requested",
 )
-def _native_moe_overlap(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _native_moe_overlap(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Native packing turns EP overlap and delayed wgrad off (the overlap schedule drops packed metadata)."""
     requested = [path for path, value in overlap_copies(config) if value]
     if is_native(config.dataset) and requested:
@@ -232,7 +232,7 @@ def _native_moe_overlap(config: TrainingConfig, derived: DerivedValues) -> Itera
 
 
 @rules.add("R15", "error", section="§5", summary="Energon dataset MBS == eval MBS when validating")
-def _energon_eval_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _energon_eval_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """The Energon validation loader uses the dataset's batch size too."""
     dataset, eval_mbs = config.dataset, derived.eval_micro_batch_size
     if (
@@ -254,7 +254,7 @@ def _energon_eval_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterato
     section="§3.5, §10.14",
     summary="Energon collate-time packing at a fixed width fails when the MBS rows exceed `seq_length`",
 )
-def _energon_collate_fixed_width(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _energon_collate_fixed_width(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Collate-time Qwen-VL packing at a fixed width raises when the MBS rows exceed seq_length (§3.5)."""
     dataset = config.dataset
     collate_time = is_in_batch(dataset) and not is_deferred(dataset) and not is_native(dataset)

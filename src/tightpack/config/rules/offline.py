@@ -19,32 +19,32 @@ from tightpack.config.derive import (
     packing_specs,
 )
 from tightpack.config.rules.base import Issue, RuleGroup, error, warning
-from tightpack.config.schema import GPTSFTDatasetConfig, ModelConfig, TrainingConfig
+from tightpack.config.schema import GPTSFTDatasetConfig, ModelSection, RunConfig
 
 _ROUTER_SCOPES = ("moe", "moe_router", "moe_preprocess")
 
 rules = RuleGroup()
 
 
-def _full_iteration_graph(model: ModelConfig) -> bool:
+def _full_iteration_graph(model: ModelSection) -> bool:
     scope = model.cuda_graph_scope or ()
     return model.cuda_graph_impl == "full_iteration" or (
         model.cuda_graph_impl == "local" and "full_iteration" in scope
     )
 
 
-def _te_graph(model: ModelConfig) -> bool:
+def _te_graph(model: ModelSection) -> bool:
     return model.cuda_graph_impl == "transformer_engine"
 
 
-def _graph_text(model: ModelConfig) -> str:
+def _graph_text(model: ModelSection) -> str:
     return (
         f"model.cuda_graph_impl={model.cuda_graph_impl!r}, model.cuda_graph_scope={model.cuda_graph_scope!r}"
     )
 
 
 @rules.add("R3", "error", section="§5", summary="offline and in-batch packing are mutually exclusive")
-def _offline_xor_in_batch(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _offline_xor_in_batch(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Offline and in-batch packing are mutually exclusive."""
     dataset = config.dataset
     if getattr(dataset, "enable_offline_packing", False) and is_in_batch(dataset):
@@ -56,7 +56,7 @@ def _offline_xor_in_batch(config: TrainingConfig, derived: DerivedValues) -> Ite
 
 
 @rules.add("R4", "error", section="§5, §2.2", summary="`enable_offline_packing` <=> `offline_packing_specs`")
-def _offline_needs_specs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _offline_needs_specs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """``enable_offline_packing`` and ``offline_packing_specs`` come together."""
     dataset = config.dataset
     enabled = bool(getattr(dataset, "enable_offline_packing", False))
@@ -74,7 +74,7 @@ def _offline_needs_specs(config: TrainingConfig, derived: DerivedValues) -> Iter
 
 
 @rules.add("R5", "error", section="§5", summary="`pad_cu_seqlens` needs a fixed width (`pad_to_max_length`)")
-def _pad_cu_seqlens_fixed_width(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _pad_cu_seqlens_fixed_width(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Static boundary shapes need a static token width."""
     specs = packing_specs(config.dataset)
     if specs is not None and specs.pad_cu_seqlens and not has_fixed_width(config.dataset):
@@ -90,7 +90,7 @@ def _pad_cu_seqlens_fixed_width(config: TrainingConfig, derived: DerivedValues) 
     section="§5",
     summary="offline packing with a training CUDA graph needs a fixed width (an MLP-only TE graph too)",
 )
-def _cuda_graph_fixed_width(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _cuda_graph_fixed_width(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Any training CUDA graph over offline packs needs a fixed width (an MLP-only TE graph too)."""
     model = config.model
     training_graph = _full_iteration_graph(model) or _te_graph(model)
@@ -108,7 +108,7 @@ def _cuda_graph_fixed_width(config: TrainingConfig, derived: DerivedValues) -> I
     section="§5",
     summary="a CUDA graph capturing attention over offline packs needs `pad_cu_seqlens`",
 )
-def _attention_graph_pad_cu_seqlens(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _attention_graph_pad_cu_seqlens(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """A graph that captures attention needs static boundary arrays."""
     model, specs = config.model, packing_specs(config.dataset)
     scope = model.cuda_graph_scope or []
@@ -123,7 +123,7 @@ def _attention_graph_pad_cu_seqlens(config: TrainingConfig, derived: DerivedValu
 
 
 @rules.add("R19", "error", section="§5, §2.2", summary="`packed_sequence_size` > 0")
-def _pack_size_positive(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _pack_size_positive(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     specs = packing_specs(config.dataset)
     if specs is not None and specs.packed_sequence_size <= 0:
         yield error(
@@ -140,7 +140,7 @@ def _pack_size_positive(config: TrainingConfig, derived: DerivedValues) -> Itera
     section="§5, §3.7",
     summary="offline packing needs MBS 1 (the fix gives the equivalent MBS-1 configuration)",
 )
-def _offline_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _offline_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Offline packs are already M sequences wide: MBS 1 and packs M times longer are equivalent."""
     mbs, gbs = config.train.micro_batch_size, config.train.global_batch_size
     specs = packing_specs(config.dataset)
@@ -169,7 +169,7 @@ def _offline_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Iss
         "packing (the training side is R20)"
     ),
 )
-def _offline_eval_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _offline_eval_mbs(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """A packed THD micro-batch is one physical row; the training side is R20."""
     eval_mbs = config.validation.eval_micro_batch_size
     dataset = config.dataset
@@ -198,7 +198,7 @@ def _offline_eval_mbs(config: TrainingConfig, derived: DerivedValues) -> Iterato
         "deprecated (W)"
     ),
 )
-def _packed_specs_values(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _packed_specs_values(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """``PackedSequenceSpecs.__post_init__`` (§2.1): positive multiple and cap; the cap fits the pack."""
     specs = packing_specs(config.dataset)
     if specs is None:
@@ -240,7 +240,7 @@ def _packed_specs_values(config: TrainingConfig, derived: DerivedValues) -> Iter
         "(GPTSFTDatasetConfig) `hf_rewrite` with explicit packed paths; `max_num_samples` in `dataset_kwargs`"
     ),
 )
-def _gpt_sft_dataset_values(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _gpt_sft_dataset_values(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """``GPTSFTDatasetConfig.validate()`` (§2.2), the packing-related checks R4/R19 do not cover."""
     dataset = config.dataset
     if not isinstance(dataset, GPTSFTDatasetConfig):
@@ -268,7 +268,7 @@ def _gpt_sft_dataset_values(config: TrainingConfig, derived: DerivedValues) -> I
     section="§2.11",
     summary="(gpt_step) offline packs (padding mask) + MoE + router-scoped TE CUDA graph",
 )
-def _moe_router_graph(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _moe_router_graph(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Offline packs always carry a padding mask, which router-scoped TE graphs cannot take (§2.11)."""
     model = config.model
     scope = model.cuda_graph_scope or []
@@ -283,7 +283,7 @@ def _moe_router_graph(config: TrainingConfig, derived: DerivedValues) -> Iterato
 
 
 @rules.add("T7", "warning", section="§9", summary="`packed_sequence_size` == `dataset.seq_length`")
-def _pack_size_matches_seq_length(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _pack_size_matches_seq_length(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """§9: keep model.seq_length == dataset.seq_length == packed_sequence_size."""
     dataset, specs = config.dataset, packing_specs(config.dataset)
     if specs is None or not is_offline(dataset) or specs.packed_sequence_size <= 0:

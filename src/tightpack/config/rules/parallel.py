@@ -20,7 +20,7 @@ from tightpack.config.derive import (
     packing_specs,
 )
 from tightpack.config.rules.base import Issue, RuleGroup, error, multiple_origin, round_options, warning
-from tightpack.config.schema import FINETUNING_TYPES, TrainingConfig
+from tightpack.config.schema import FINETUNING_TYPES, RunConfig
 
 # GPTSFTDataset's width rounding; the reference's builder does not pass it, so this default applies (§2.9).
 _DEFAULT_PAD_SEQ_LENGTH_TO_MULT = 16
@@ -29,7 +29,7 @@ rules = RuleGroup()
 
 
 @rules.add("R17", "error", section="§5, §6", summary="CP > 1: `model.seq_length` divisible by `2*CP`")
-def _cp_seq_length(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _cp_seq_length(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """CP splits every sequence into 2*CP chunks."""
     model = config.model
     cp = model.context_parallel_size
@@ -48,7 +48,7 @@ def _cp_seq_length(config: TrainingConfig, derived: DerivedValues) -> Iterator[I
     section="§5, §7",
     summary="CP > 1 with a fine-tuning dataset: per-token loss, no averaging in the collective",
 )
-def _cp_finetuning_loss(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _cp_finetuning_loss(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """CP ranks hold different numbers of supervised tokens: per-token loss, summed gradients."""
     cp = config.model.context_parallel_size
     if cp > 1 and isinstance(config.dataset, FINETUNING_TYPES):
@@ -70,7 +70,7 @@ def _cp_finetuning_loss(config: TrainingConfig, derived: DerivedValues) -> Itera
     section="§5, §7",
     summary="(MCore DDP) no averaging in the collective with per-token loss",
 )
-def _per_token_loss_no_average(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _per_token_loss_no_average(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """MCore DDP: per-token loss sums gradients; averaging in the collective would divide twice."""
     if config.model.calculate_per_token_loss and config.ddp.average_in_collective:
         yield error(
@@ -89,7 +89,7 @@ def _per_token_loss_no_average(config: TrainingConfig, derived: DerivedValues) -
         " and the width rounding without a fixed width)"
     ),
 )
-def _offline_trailing_width(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _offline_trailing_width(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """The offline batch width W becomes the last boundary: W - sum(segments) is a segment too (§6, §10.2).
 
     Every other segment is a multiple of ``pad_seq_to_mult`` (T2), so the trailing one is CP-sliceable and
@@ -140,7 +140,7 @@ def _offline_trailing_width(config: TrainingConfig, derived: DerivedValues) -> I
     section="§6",
     summary="offline `pad_seq_to_mult` a multiple of k (E with CP; W for SP alone)",
 )
-def _offline_alignment_multiple(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _offline_alignment_multiple(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """Offline packing does not derive ``pad_seq_to_mult``: check it against k (§6)."""
     specs, multiple = packing_specs(config.dataset), derived.alignment_multiple
     if specs is None or not is_offline(config.dataset) or multiple == 1:
@@ -170,7 +170,7 @@ def _offline_alignment_multiple(config: TrainingConfig, derived: DerivedValues) 
 
 
 @rules.add("T3", "error", section="§5, §6", summary="R17 for the evaluation CP")
-def _eval_cp_seq_length(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _eval_cp_seq_length(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """R17 for the evaluation CP, which the reference does not check."""
     model, eval_cp = config.model, derived.eval_context_parallel_size
     if eval_cp > 1 and eval_cp != model.context_parallel_size and model.seq_length % (2 * eval_cp):
@@ -183,7 +183,7 @@ def _eval_cp_seq_length(config: TrainingConfig, derived: DerivedValues) -> Itera
 
 
 @rules.add("T4", "warning", section="§5, §7", summary="R18's per-token loss for the evaluation CP")
-def _eval_cp_per_token_loss(config: TrainingConfig, derived: DerivedValues) -> Iterator[Issue]:
+def _eval_cp_per_token_loss(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
     """R18's loss rule for the evaluation CP (R18 reports it when training CP>1 too)."""
     model, eval_cp = config.model, derived.eval_context_parallel_size
     if (
