@@ -10,7 +10,7 @@ from tightpack.packed_summary import read_metadata
 from tightpack.stale_packs.result import CheckedSplit
 from tightpack.stale_packs.rules import SPECS as _SPECS
 
-# What pad_cu_seqlens reads of each metadata entry (contract §2.6).
+# What pad_cu_seqlens reads of each metadata entry (docs/contract.md §2.6).
 _METADATA_KEYS = ("max_samples_per_bin", "dataset_max_seqlen", "min_packed_seqlen")
 
 
