@@ -1,4 +1,5 @@
-"""A training configuration and its packing validation: every rule of contract §5, and the ones it misses.
+"""A training configuration and its packing validation: every rule of docs/contract.md §5, and the
+ones it misses.
 
 `load_config` reads a configuration laid out like Megatron-Bridge's ``ConfigContainer``, from a YAML file or a
 dict. `validate` checks it and returns a `ValidationReport` with *every* violation (the reference stops at the

@@ -171,7 +171,7 @@ class DistTrainSection(_Section):
 
 @dataclass(kw_only=True)
 class PackedSequenceSpecs(_Section):
-    """``dataset.offline_packing_specs`` (contract §2.1), with the reference's defaults.
+    """``dataset.offline_packing_specs`` (docs/contract.md §2.1), with the reference's defaults.
 
     Attributes:
         packed_sequence_size: pack capacity P in runtime tokens (must be > 0 when packing, R19).
@@ -235,7 +235,7 @@ class GPTDatasetConfig(_DatasetBase):
 
 @dataclass(kw_only=True)
 class GPTSFTDatasetConfig(_DatasetBase):
-    """``type: GPTSFTDatasetConfig``: SFT with optional offline packing (contract §2.2).
+    """``type: GPTSFTDatasetConfig``: SFT with optional offline packing (docs/contract.md §2.2).
 
     Its fixed-width flag lives in ``dataset_kwargs["pad_to_max_length"]``, not in a field.
     """
@@ -257,7 +257,7 @@ class GPTSFTDatasetConfig(_DatasetBase):
 
 @dataclass(kw_only=True)
 class CollatePackingDataset(_DatasetBase):
-    """The collate-time packing fields shared by DirectHF, MockVLM and Energon (contract §3.6)."""
+    """The collate-time packing fields shared by DirectHF, MockVLM and Energon (docs/contract.md §3.6)."""
 
     enable_in_batch_packing: bool = False
     defer_in_batch_packing_to_step: bool = False

@@ -12,7 +12,7 @@
  *     written out as CSR arrays over sample indices, in one pass over the samples.
  *
  * First-fit semantics (identical to a linear scan over the open bins; Megatron-Bridge packing
- * contract, section 2.5):
+ * contract, docs/contract.md §2.5):
  *   - an item goes to the lowest-index open bin whose remaining capacity is >= its length;
  *   - otherwise it opens a new bin whose remaining capacity is `capacity - length` (negative for an
  *     oversize item, so that bin never accepts another positive-length item);

@@ -2,7 +2,7 @@
 
 With context parallelism (CP) every sequence is split into 2*CP chunks, and with sequence
 parallelism (SP) over TP ranks the token dimension is split TP ways; each sequence of a packed row
-is therefore padded to a multiple ``m`` of both (contract section 2.4). Lengths here are runtime
+is therefore padded to a multiple ``m`` of both (docs/contract.md §2.4). Lengths here are runtime
 lengths: stored tokens - 1, since labels are the stored tokens shifted by one.
 """
 
@@ -69,7 +69,7 @@ def length_cap(max_length: int, multiple: int) -> int:
 def aligned_lengths(
     runtime_lengths: np.ndarray, multiple: int, cap: int, out: np.ndarray | None = None
 ) -> np.ndarray:
-    """Aligned runtime length of each sample: ``min(cap, ceil(r, m))`` (contract section 2.4).
+    """Aligned runtime length of each sample: ``min(cap, ceil(r, m))`` (docs/contract.md §2.4).
 
     Each stored sequence becomes ``aligned + 1`` tokens: padded when shorter, truncated when longer.
     With ``out`` (which may be ``runtime_lengths`` itself, int32 too) the result is written there a

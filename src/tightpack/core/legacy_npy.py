@@ -1,10 +1,10 @@
 """The legacy Megatron-Bridge ``.npy`` packed format: a safe reader and a compatible writer.
 
-Deprecated: new artefacts should be packed Parquet (contract section 2.7; spec resolution lives in
+Deprecated: new artefacts should be packed Parquet (docs/contract.md §2.7; spec resolution lives in
 ``tightpack.core.paths``). This module exists so old artefacts can be read and so a Megatron-Bridge
 version that only reads ``.npy`` can still be fed.
 
-The format (contract section 2.8) is ``np.save`` of a 1-D **object** ndarray, one element per packed row::
+The format (docs/contract.md §2.8) is ``np.save`` of a 1-D **object** ndarray, one element per packed row::
 
     {"input_ids": [...], "loss_mask": [...], "seq_start_id": [0, ...]}   # values lists or ndarrays
 

@@ -2,8 +2,8 @@
 (pad id, alignment multiple, pack size, vocabulary) they record, each with the file and key it came from.
 
 A tightpack output folder holds ``manifest.json`` (settings, tokenizer identity, counts) and the
-reference's ``metadata.json``; a Megatron-Bridge folder holds only ``<P>_metadata.jsonl`` (contract
-section 2.6), which records the pack size and nothing about ids or alignment. `read_pack_settings`
+reference's ``metadata.json``; a Megatron-Bridge folder holds only ``<P>_metadata.jsonl`` (docs/contract.md
+§2.6), which records the pack size and nothing about ids or alignment. `read_pack_settings`
 reads what there is; the runtime (`tightpack.runtime.pack_settings`) compares it with what a training
 script passes. JSON only: no rows are read here.
 """
@@ -53,7 +53,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def read_metadata(path: Path) -> list[dict]:
-    """The packing metadata of the reference (contract 2.6): a JSON list of objects, one per split.
+    """The packing metadata of the reference (docs/contract.md §2.6): a JSON list of objects, one per split.
 
     A single object is read as a list of one. Raises `TightpackError` naming the file when it cannot
     be read or is not that.

@@ -1,7 +1,7 @@
 """Random access to packed datasets: a flat, memory-mapped index built once from the Parquet shards.
 
 Parquet decodes whole pages of a row group; reading one pack of a 500-pack row group decodes all of
-them, and a shuffled sampler misses any row-group cache almost every time (contract section 10).
+them, and a shuffled sampler misses any row-group cache almost every time (docs/contract.md §10).
 The index turns the packed columns into flat arrays, written once (a sequential decode of every
 shard) and memory-mapped afterwards, so fetching a pack is two slices:
 

@@ -1,6 +1,6 @@
 """Packed Parquet files: filling a `PackPlan` with tokens from a token store, and writing the rows.
 
-The file format is Megatron-Bridge's (contract section 2.7), which reads any integer list columns
+The file format is Megatron-Bridge's (docs/contract.md §2.7), which reads any integer list columns
 and tolerates extra columns:
 
 ============== ============== ==========================================================

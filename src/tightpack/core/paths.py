@@ -1,6 +1,6 @@
 """Resolution of packed Parquet specs: one file, a glob, or a directory, to a sorted list of shard paths.
 
-Behaviour follows Megatron-Bridge's ``data/packing/paths.py`` (contract section 2.7, "Spec resolution"),
+Behaviour follows Megatron-Bridge's ``data/packing/paths.py`` (docs/contract.md §2.7, "Spec resolution"),
 so that a spec names the same shards here as in the training job that reads them:
 
 * a single file must end in ``.parquet`` or ``.pq``, in any case;
@@ -126,7 +126,7 @@ def resolve_parquet_spec(spec: str | os.PathLike) -> list[str]:
 def is_packed_parquet_spec(spec: str | os.PathLike) -> bool:
     """Whether ``spec`` names packed Parquet data, for routing between the Parquet and ``.npy`` readers.
 
-    True when any of these holds (contract section 2.7): it ends in ``.parquet``/``.pq`` (any case, existing
+    True when any of these holds (docs/contract.md §2.7): it ends in ``.parquet``/``.pq`` (any case, existing
     or not); it has glob magic and contains ``.parquet`` or ``.pq``; it resolves to at least one file; or it
     is an existing directory (even one without shards, so that resolving it reports the problem).
 

@@ -1,4 +1,4 @@
-"""Statistics of a pack plan, and the metadata entry Megatron-Bridge reads (contract section 2.6).
+"""Statistics of a pack plan, and the metadata entry Megatron-Bridge reads (docs/contract.md §2.6).
 
 Two lower bounds on the number of packs are reported: the volume bound ``ceil(sum / pack_size)`` and
 the tighter Martello-Toth L2 bound (`l2_lower_bound`), which also counts the samples longer than half

@@ -1,6 +1,6 @@
 """Adapters from a THD batch to what model code consumes: Megatron-Core's ``PackedSeqParams``.
 
-`to_packed_seq_params` follows Megatron-Bridge's ``get_packed_seq_params`` (contract section 1) for
+`to_packed_seq_params` follows Megatron-Bridge's ``get_packed_seq_params`` (docs/contract.md §1) for
 both key schemas, reading the batch through the accessors of `tightpack.runtime.thd`. Those fix the
 reference's legacy trimming: the boundaries are cut at the first ``-1`` through ``cu_seqlens_argmin``
 (a CPU tensor) or, for CPU tensors, by a host-side search, never by an ``argmin`` over a device tensor

@@ -1,5 +1,5 @@
 """Offline collate: packed rows -> one THD training batch, as Megatron-Bridge's packed collate
-(contract section 2.10).
+(docs/contract.md §2.10).
 
 A row is ``{input_ids, loss_mask, seq_start_id}`` as stored (one pack; the mask label-aligned), with an
 optional ``seq_len`` (real runtime length of every sequence, written by tightpack) and an optional
@@ -76,7 +76,7 @@ class _Row:
 class PackedCollate:
     """Collate packed rows into a THD batch.
 
-    Two deliberate differences from the reference collate (contract sections 2.10 and 10.1):
+    Two deliberate differences from the reference collate (docs/contract.md §2.10 and §10.1):
 
     - Padding rows add no loss, in any mode. A row with ``padding_row`` true gets an all-zero loss
       mask, also with ``answer_only_loss=False``, where the reference rebuilds the mask from the tokens
@@ -368,7 +368,7 @@ def _extend(bounds: np.ndarray, length: int, fill: int | None = None) -> np.ndar
 
 
 def split_microbatches(batch: Mapping[str, Any], num_microbatches: int) -> list[dict[str, Any]]:
-    """Split a collated ``[B, W]`` batch into ``num_microbatches`` along dim 0 (contract section 2.11).
+    """Split a collated ``[B, W]`` batch into ``num_microbatches`` along dim 0 (docs/contract.md §2.11).
 
     With ``dataloader_type="batch"`` one collate call receives a data-parallel rank's whole share of a
     global batch; each micro-batch (one packed row with offline packing) then goes to the model on its

@@ -1,4 +1,4 @@
-"""Context parallelism for THD batches (contract section 6).
+"""Context parallelism for THD batches (docs/contract.md §6).
 
 - `thd_partition_indices`: Transformer Engine's per-document zigzag in pure torch. With ``W`` ranks,
   every physical segment is cut into ``2W`` equal chunks and rank ``r`` keeps chunks ``r`` and

@@ -50,7 +50,7 @@ class PackedDataset(torch.utils.data.Dataset):
     """Packed rows with random access.
 
     Args:
-        path: a packed Parquet file, folder or glob (contract section 2.7 rules), or a legacy ``.npy``.
+        path: a packed Parquet file, folder or glob (docs/contract.md §2.7 rules), or a legacy ``.npy``.
         max_num_samples: length of an epoch-level shuffled mapping over the rows (oversampling
             allowed); None: the rows themselves, in order.
         seed: seed of that mapping.

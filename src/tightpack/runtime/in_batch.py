@@ -1,5 +1,5 @@
 """Collate-time (in-batch) packing: several unpadded rows of a micro-batch become one ``[1, T]`` THD row
-(contract sections 3.1 and 3.2).
+(docs/contract.md §3.1 and §3.2).
 
 - `build_thd_from_rows`: unpadded 1-D rows -> one packed row with boundaries. Each row is aligned to a
   multiple ``m`` (its alignment tail gets the pad values and positions continuing ``last+1, ...``);
@@ -224,7 +224,7 @@ def pack_right_padded_batch(
     sequence_tensor_pad_values: Mapping[str, Any] | None = None,
     emit_padding_mask: bool = False,
 ) -> None:
-    """Pack a right-padded ``[B, S]`` batch into one THD row, in place (contract section 3.2).
+    """Pack a right-padded ``[B, S]`` batch into one THD row, in place (docs/contract.md §3.2).
 
     Row lengths come from ``attention_mask`` when present, else from ``tokens != pad_token_id``.
     ``tokens`` and ``input_ids`` stay aliases of one tensor when the batch has both; a stale
@@ -291,7 +291,7 @@ def pad_or_truncate_batch(
     ignore_index: int = -100,
     sequence_tensor_pad_values: Mapping[str, Any] | None = None,
 ) -> None:
-    """The non-packed policy (contract section 3.3), in place on a right-padded ``[B, S]`` batch.
+    """The non-packed policy (docs/contract.md §3.3), in place on a right-padded ``[B, S]`` batch.
 
     The width becomes ``sequence_length`` with ``pad_to_max_length``, else ``ceil(S, multiple)`` capped
     at ``sequence_length``. Padding: tokens ``pad_token_id``, labels ``ignore_index``, loss mask 0,
@@ -368,7 +368,7 @@ def prepare_sequence_batch(
     sequence_tensor_pad_values: Mapping[str, Any] | None = None,
     emit_packed_padding_mask: bool = False,
 ) -> None:
-    """Collator policy (contract section 3.3): pack the batch in place, or pad/truncate it."""
+    """Collator policy (docs/contract.md §3.3): pack the batch in place, or pad/truncate it."""
     if enable_in_batch_packing:
         pack_right_padded_batch(
             batch,

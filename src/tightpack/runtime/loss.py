@@ -1,4 +1,4 @@
-"""Per-token loss across micro-batches, data- and context-parallel ranks (contract section 7).
+"""Per-token loss across micro-batches, data- and context-parallel ranks (docs/contract.md §7).
 
 Packs hold different numbers of supervised tokens, and a context-parallel shard may hold none, so
 the loss of an optimizer step is the exact mean over all its supervised tokens:

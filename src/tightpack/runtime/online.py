@@ -1,4 +1,5 @@
-"""Online packing: a stream of prepared samples, a buffer of candidates, one pack per step (contract 4).
+"""Online packing: a stream of prepared samples, a buffer of candidates, one pack per step
+(docs/contract.md §4).
 
 `OnlinePacker` reads samples from a restartable source into a buffer of ``packing_buffer_size``
 candidates and emits one THD pack per step, built by `tightpack.runtime.in_batch.build_thd_from_rows`

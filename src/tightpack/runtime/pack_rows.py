@@ -1,6 +1,6 @@
 """One stored packed row, checked before it is collated: `read_pack_row` and its `PackRowError`.
 
-A stored row (contract section 2.7) is ``input_ids`` (the sequences one after another),
+A stored row (docs/contract.md §2.7) is ``input_ids`` (the sequences one after another),
 ``loss_mask`` (label-aligned, one value per token), ``seq_start_id`` (where each sequence starts)
 and, in tightpack's files, ``seq_len`` (the real runtime length of each sequence). A row that breaks
 this (a start past the end, a mask of another length, ids outside the vocabulary) would otherwise

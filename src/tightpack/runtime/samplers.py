@@ -1,4 +1,5 @@
-"""Batch samplers for data-parallel training, mirroring Megatron-Bridge's dataloader types (contract 3.7).
+"""Batch samplers for data-parallel training, mirroring Megatron-Bridge's dataloader types
+(docs/contract.md §3.7).
 
 `PackedBatchSampler` yields, for one data-parallel rank, the dataset indices of each step:
 

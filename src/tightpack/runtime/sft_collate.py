@@ -1,4 +1,4 @@
-"""Text SFT collators with collate-time packing (contract section 3.4).
+"""Text SFT collators with collate-time packing (docs/contract.md §3.4).
 
 `TextSFTCollator` takes raw rows (prompt-completion or chat, as ``tightpack pack`` reads them), turns
 each into tokens and a loss mask with the same formatter and tokenizer as the offline path (EOS
@@ -62,7 +62,7 @@ def check_in_batch_loader(
     """The dataloader rule of in-batch packing: ``single`` or ``cyclic`` loaders, micro-batches above 1.
 
     With ``batch`` loaders one collate call receives a rank's whole global batch, and packing it into
-    one row breaks the split into micro-batches (contract section 3.7).
+    one row breaks the split into micro-batches (docs/contract.md §3.7).
     """
     if not enable_in_batch_packing:
         return

@@ -1,4 +1,4 @@
-"""Packed-row helpers for vision-language models (contract section 4.5).
+"""Packed-row helpers for vision-language models (docs/contract.md §4.5).
 
 - `moe_padding_mask`: which tokens of a packed row are alignment padding, from the logical and
   physical boundaries, for MoE router statistics (aux loss, z-loss, expert bias).
@@ -6,7 +6,7 @@
   are computed per sequence; these move a packed row's tokens into one padded row per sequence and
   the positions computed there back into the packed layout, alignment gaps at 0.
 - `expand_placeholders`, `pack_vlm_samples`: vision-language samples packed into one THD row, their
-  visual tensors concatenated in member order (contract section 4.3), with the multimodal positions
+  visual tensors concatenated in member order (docs/contract.md §4.3), with the multimodal positions
   of `tightpack.runtime.mrope`.
 """
 
@@ -170,7 +170,7 @@ def pack_vlm_samples(
     sequence_length: int | None = None,
     pad_to_max_length: bool = False,
 ) -> dict[str, Any]:
-    """Pack Qwen-VL samples into one THD row (contract section 4.3).
+    """Pack Qwen-VL samples into one THD row (docs/contract.md §4.3).
 
     Each sample has expanded ``input_ids`` (see `expand_placeholders`), optional ``labels`` and
     ``loss_mask``, and its visual tensors (``pixel_values`` ``[patches, D]``, ``image_grid_thw``

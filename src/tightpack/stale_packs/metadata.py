@@ -10,7 +10,7 @@ from tightpack.stale_packs.context import CheckContext, CheckedSplit
 from tightpack.stale_packs.repack import lowered, repack_fix
 from tightpack.stale_packs.rules import SPECS
 
-# What pad_cu_seqlens reads of each metadata entry (contract §2.6).
+# What pad_cu_seqlens reads of each metadata entry (docs/contract.md §2.6).
 _METADATA_KEYS = ("max_samples_per_bin", "dataset_max_seqlen", "min_packed_seqlen")
 
 

@@ -6,14 +6,14 @@ arithmetic, so any size verifies in bounded memory. Checks:
 
 - ``complete``: the folder is not the work folder of an unfinished ``tightpack pack`` run.
 - ``read``: every row group decodes (an unreadable one is named and skipped).
-- ``row``: the reference's row invariants (contract 2.7): loss_mask as long as input_ids,
+- ``row``: the reference's row invariants (docs/contract.md §2.7): loss_mask as long as input_ids,
   seq_start_id non-empty, starting at 0, within the row, non-decreasing; and no empty sequence.
 - ``mask``: loss_mask values are 0 or 1, and label-aligned: the last stored token of a sequence has
   nothing to predict, so its mask is 0; with ``seq_len``, the alignment padding is not supervised.
 - ``width``: the runtime tokens of a row fit the pack size.
 - ``alignment``: every sequence's runtime length is a multiple of the alignment multiple.
 - ``cp``: with ``cp`` > 1, every segment, and the trailing width segment of fixed-width packs, is
-  divisible by ``2 * cp`` (contract 6).
+  divisible by ``2 * cp`` (docs/contract.md §6).
 - ``metadata``: metadata.json agrees with the rows (max samples per bin, dataset max length, min
   packed length, pack size, packing factor and efficiency).
 - ``manifest``: the manifest's files exist with their sha256, sizes and row counts; its counts agree

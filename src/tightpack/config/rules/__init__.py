@@ -1,7 +1,7 @@
 """The validation rules: one module per part of the packing contract, in the reference's order by `registry`.
 
 - `batching`: run length, loader, batch arithmetic and sequence length, which every dataset kind shares.
-- `offline`: offline packing (contract §2).
+- `offline`: offline packing (docs/contract.md §2).
 - `collate_time`: collate-time (in-batch) packing (§3).
 - `energon`: Energon datasets and native Energon packing (§4).
 - `parallel`: context and sequence parallelism, and the loss they need (§6, §7).

@@ -48,8 +48,9 @@ class Rule:
     """One rule: its check, and what docs/validation-rules.md says of it.
 
     Attributes:
-        id: ``R1``-``R22`` are the reference's ``ConfigContainer.validate()`` in its numbering (contract §5),
-            ``X`` ids the rules it enforces elsewhere, ``T`` ids the rules tightpack adds.
+        id: ``R1``-``R22`` are the reference's ``ConfigContainer.validate()`` in its numbering
+            (docs/contract.md §5), ``X`` ids the rules it enforces elsewhere, ``T`` ids the rules
+            tightpack adds.
         severities: what its findings can be: ``("error",)``, ``("warning",)`` or both (by case).
         section: the contract sections that state it, e.g. ``"§5, §3.7"``.
         summary: one line of Markdown for the table.

@@ -1,8 +1,8 @@
 """Rules every dataset kind shares: run length and loader, the batch arithmetic, the sequence length.
 
-``train.num_epochs`` needs a finite GPT SFT dataset and the ``batch`` loader (R1, R2; contract §3.7). The
-data-parallel size and the micro-batches per step are integers, for training (X1: the sampler and
-Megatron-Core's micro-batch calculator) and for evaluation (R16). The model and the dataset agree on the
+``train.num_epochs`` needs a finite GPT SFT dataset and the ``batch`` loader (R1, R2; docs/contract.md
+§3.7). The data-parallel size and the micro-batches per step are integers, for training (X1: the sampler
+and Megatron-Core's micro-batch calculator) and for evaluation (R16). The model and the dataset agree on the
 sequence length (R22).
 """
 

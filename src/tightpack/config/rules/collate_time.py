@@ -1,4 +1,5 @@
-"""Rules of collate-time (in-batch) packing: the collator packs a micro-batch's rows into one (contract §3).
+"""Rules of collate-time (in-batch) packing: the collator packs a micro-batch's rows into one
+(docs/contract.md §3).
 
 DirectHF, MockVLM and Energon datasets own it. Their padding multiples are positive (R8.1, §3.6) and their
 ``seq_length`` is a multiple of the CP/SP multiple k they pad to (R13). A micro-batch holds at least two

@@ -1,4 +1,4 @@
-"""Rules of Energon datasets and of native Energon packing (contract §4).
+"""Rules of Energon datasets and of native Energon packing (docs/contract.md §4).
 
 The dataset's own ``validate()`` (R8.2-R8.9, §4.1), its batch size against the training and evaluation
 micro-batch sizes (R9, R15), what native packing excludes (R10.1-R10.7, §4.4), the overlap flags it turns off

@@ -1,4 +1,5 @@
-"""Rules of offline packing: GPT SFT or a custom provider reads packs prepared ahead of time (contract §2).
+"""Rules of offline packing: GPT SFT or a custom provider reads packs prepared ahead of time
+(docs/contract.md §2).
 
 One packing owner and valid specs (R3, R4, R19, X4, X5); a fixed width and static boundary arrays for CUDA
 graphs (R5, R6, R7, X6, §2.11); one pack per micro-batch (R20, X3); the pack size against the sequence

@@ -1,4 +1,4 @@
-"""Rules of context and sequence parallelism, and of the loss they need (contract §6, §7).
+"""Rules of context and sequence parallelism, and of the loss they need (docs/contract.md §6, §7).
 
 CP splits every sequence into 2*CP chunks, so ``model.seq_length`` (R17; T3 for the evaluation CP) and every
 segment of an offline pack, the trailing width segment included (T1, T2), divide by the CP/SP multiple k. CP

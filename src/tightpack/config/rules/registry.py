@@ -1,10 +1,10 @@
 """The rule registry: every rule of the rule modules, in the order `validate` runs them.
 
-`ORDER` is that order, declared once: the reference's ``ConfigContainer.validate()`` for R1-R22 (contract §5;
-R12 and R14 derive values instead, see `tightpack.config.derive`), then the rules it enforces elsewhere (X),
-then tightpack's additions (T). The rule modules register their rules with their own `RuleGroup`; at import
-`ordered` checks that each id of `ORDER` has exactly one rule and that each rule has an id in `ORDER`, so a
-new rule is one function in its module and one id here.
+`ORDER` is that order, declared once: the reference's ``ConfigContainer.validate()`` for R1-R22
+(docs/contract.md §5; R12 and R14 derive values instead, see `tightpack.config.derive`), then the rules
+it enforces elsewhere (X), then tightpack's additions (T). The rule modules register their rules with
+their own `RuleGroup`; at import `ordered` checks that each id of `ORDER` has exactly one rule and that each
+rule has an id in `ORDER`, so a new rule is one function in its module and one id here.
 """
 
 from __future__ import annotations

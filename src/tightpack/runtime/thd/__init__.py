@@ -1,6 +1,6 @@
 """The THD batch contract: what a packed batch holds, a validator, and the accessors consumers read it with.
 
-THD is one token stream per packed row plus cumulative sequence boundaries (contract section 1). There
+THD is one token stream per packed row plus cumulative sequence boundaries (docs/contract.md §1). There
 are two kinds of boundaries:
 
 - logical (``cu_seqlens_q``): how many real tokens each sequence has, cumulated;
