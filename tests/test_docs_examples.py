@@ -258,12 +258,12 @@ def _parse_data(block: Block) -> None:
         ) from error
 
 
-def run_page(text: str, page: str, workdir: Path, page_file: str | None = None) -> dict[str, float]:
+def run_page(text: str, page: str, workdir: Path, page_file: str | None = None) -> list[tuple[int, str, float]]:
     """Runs every block of a page in ``workdir`` (the current directory meanwhile), by the conventions of
-    the module docstring. Returns the seconds each kind of block took."""
+    the module docstring. Returns ``(line, kind, seconds)`` of each block and setup."""
     page_file = page_file or str(ROOT / page)
     namespace: dict = {"__name__": "__docs__"}
-    seconds: dict[str, float] = {}
+    seconds: list[tuple[int, str, float]] = []
     previous = Path.cwd()
     os.chdir(workdir)
     try:
@@ -274,7 +274,7 @@ def run_page(text: str, page: str, workdir: Path, page_file: str | None = None) 
                 _exec(item.body, item.first_line, page_file, namespace, f"{page}:{item.line}: setup")
             else:
                 _run_block(item, workdir, page_file, namespace)
-            seconds[kind] = seconds.get(kind, 0.0) + time.perf_counter() - started
+            seconds.append((item.line, kind, time.perf_counter() - started))
     finally:
         os.chdir(previous)
     return seconds
@@ -446,7 +446,7 @@ def test_every_runs_elsewhere_marker_names_an_existing_test():
 # --- the runner itself, on small synthetic pages: it cannot pass for the wrong reason -------------------------
 
 
-def _run_synthetic(tmp_path: Path, text: str) -> dict[str, float]:
+def _run_synthetic(tmp_path: Path, text: str) -> list[tuple[int, str, float]]:
     page = tmp_path / "page.md"
     page.write_text(text, encoding="utf-8")
     workdir = tmp_path / "work"
