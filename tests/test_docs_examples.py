@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LANGUAGES = ("python", "bash", "yaml", "json", "text")
 COMMAND_TIMEOUT_S = 300
 
-# --- pages and their blocks -----------------------------------------------------------------------------
+# --- pages and their blocks ----------------------------------------------------------------------------
 
 
 def doc_pages() -> list[str]:
@@ -190,7 +190,7 @@ def bash_commands(block: Block) -> list[tuple[int, str, int]]:
     return commands
 
 
-# --- running a page ----------------------------------------------------------------------------------------
+# --- running a page ------------------------------------------------------------------------------------
 
 
 def _shell_environment() -> dict[str, str]:
@@ -204,24 +204,24 @@ def _shell_environment() -> dict[str, str]:
     }
 
 
-def _python_failure(label: str, code_file: str, error: BaseException) -> DocsExampleError:
+def _python_failure(label: str, page: str, code_file: str, error: BaseException) -> DocsExampleError:
     frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename == code_file]
     where = frames[-1] if frames else None
     line = f"{where.lineno}" if where else "?"
     source = f"\n    {where.line}" if where and where.line else ""
     details = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-12:])
     return DocsExampleError(
-        f"{label} failed at {Path(code_file).name}:{line}: {type(error).__name__}: {error}{source}\n\n{details}"
+        f"{label} failed at {page}:{line}: {type(error).__name__}: {error}{source}\n\n{details}"
     )
 
 
-def _exec(source: str, first_line: int, page_file: str, namespace: dict, label: str) -> None:
+def _exec(source: str, first_line: int, page: str, page_file: str, namespace: dict, label: str) -> None:
     """``source`` exec'd with its line numbers those of the page, so a traceback points into the page."""
     code = compile("\n" * (first_line - 1) + source, page_file, "exec")
     try:
         exec(code, namespace)
     except (Exception, SystemExit) as error:  # SystemExit: a block that calls sys.exit or a CLI main
-        raise _python_failure(label, page_file, error) from error
+        raise _python_failure(label, page, page_file, error) from error
 
 
 def _run_command(block: Block, line: int, command: str, expected: int, workdir: Path) -> None:
@@ -236,7 +236,8 @@ def _run_command(block: Block, line: int, command: str, expected: int, workdir: 
         )
     except subprocess.TimeoutExpired as error:
         raise DocsExampleError(
-            f"{block.page}:{line}: bash block at line {block.line}: `{command}` ran over {COMMAND_TIMEOUT_S} s"
+            f"{block.page}:{line}: bash block at line {block.line}: `{command}` ran over "
+            f"{COMMAND_TIMEOUT_S} s"
         ) from error
     if result.returncode != expected:
         raise DocsExampleError(
@@ -258,7 +259,9 @@ def _parse_data(block: Block) -> None:
         ) from error
 
 
-def run_page(text: str, page: str, workdir: Path, page_file: str | None = None) -> list[tuple[int, str, float]]:
+def run_page(
+    text: str, page: str, workdir: Path, page_file: str | None = None
+) -> list[tuple[int, str, float]]:
     """Runs every block of a page in ``workdir`` (the current directory meanwhile), by the conventions of
     the module docstring. Returns ``(line, kind, seconds)`` of each block and setup."""
     page_file = page_file or str(ROOT / page)
@@ -271,7 +274,7 @@ def run_page(text: str, page: str, workdir: Path, page_file: str | None = None) 
             started = time.perf_counter()
             kind = "setup" if isinstance(item, Setup) else item.language
             if isinstance(item, Setup):
-                _exec(item.body, item.first_line, page_file, namespace, f"{page}:{item.line}: setup")
+                _exec(item.body, item.first_line, page, page_file, namespace, f"{page}:{item.line}: setup")
             else:
                 _run_block(item, workdir, page_file, namespace)
             seconds.append((item.line, kind, time.perf_counter() - started))
@@ -297,13 +300,14 @@ def _run_block(block: Block, workdir: Path, page_file: str, namespace: dict) -> 
         target.write_text(block.body, encoding="utf-8")
         return
     if block.language == "python":
-        _exec(block.body, block.first_line, page_file, namespace, f"{block.page}:{block.line}: python block")
+        label = f"{block.page}:{block.line}: python block"
+        _exec(block.body, block.first_line, block.page, page_file, namespace, label)
     elif block.language == "bash":
         for line, command, expected in bash_commands(block):
             _run_command(block, line, command, expected, workdir)
 
 
-# --- the fixtures every page starts with ---------------------------------------------------------------------
+# --- the fixtures every page starts with ---------------------------------------------------------------
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
@@ -384,19 +388,23 @@ def test_the_fixtures_are_what_the_pages_are_written_against(fixtures):
     assert Tokenizer.from_str(spec.backend_json).encode("Hello world!").ids == [15496, 995, 0]
 
 
-# --- the pages ----------------------------------------------------------------------------------------------
+# --- the pages -----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("page", doc_pages())
 def test_every_block_of_the_page_runs(page, fixtures, tmp_path, monkeypatch):
     workdir = tmp_path / "work"
     shutil.copytree(fixtures, workdir)
+    # restored after the page: a setup may turn the equivalence probe off for its page only
     monkeypatch.setenv("TIGHTPACK_PROBE", os.environ.get("TIGHTPACK_PROBE", "1"))
     text = (ROOT / page).read_text(encoding="utf-8")
+    failure = None
     try:
         run_page(text, page, workdir)
     except DocsExampleError as error:
-        pytest.fail(str(error), pytrace=False)
+        failure = str(error)
+    if failure is not None:  # outside the except: the message once, without the chained traceback
+        pytest.fail(failure, pytrace=False)
 
 
 def _all_blocks() -> list[Block]:
@@ -409,10 +417,12 @@ def _all_blocks() -> list[Block]:
 
 def test_every_block_has_a_known_language():
     unknown = [
-        f"{block.page}:{block.line}: ```{block.language}" for block in _all_blocks() if block.language not in LANGUAGES
+        f"{block.page}:{block.line}: ```{block.language}"
+        for block in _all_blocks()
+        if block.language not in LANGUAGES
     ]
-    assert not unknown, f"blocks in a language the docs test does not run ({', '.join(LANGUAGES)}):\n" + "\n".join(
-        unknown
+    assert not unknown, (
+        f"blocks in a language the docs test does not run ({', '.join(LANGUAGES)}):\n" + "\n".join(unknown)
     )
 
 
@@ -443,7 +453,7 @@ def test_every_runs_elsewhere_marker_names_an_existing_test():
     assert not wrong, "runs-elsewhere markers that name no test:\n" + "\n".join(wrong)
 
 
-# --- the runner itself, on small synthetic pages: it cannot pass for the wrong reason -------------------------
+# --- the runner itself, on small synthetic pages: it cannot pass for the wrong reason ------------------
 
 
 def _run_synthetic(tmp_path: Path, text: str) -> list[tuple[int, str, float]]:
@@ -464,8 +474,9 @@ def test_a_failing_python_block_fails_naming_the_page_and_line(tmp_path):
 
 def test_python_blocks_share_one_namespace_and_the_working_directory(tmp_path):
     text = (
-        "```python\nfrom pathlib import Path\nvalue = 41\nPath('made.txt').write_text('yes')\n```\n\nText.\n\n"
-        "```python\nvalue += 1\n```\n\n```bash\ntest \"$(cat made.txt)\" = yes\n```\n"
+        "```python\nfrom pathlib import Path\nvalue = 41\nPath('made.txt').write_text('yes')\n```\n\n"
+        "Text.\n\n"
+        '```python\nvalue += 1\n```\n\n```bash\ntest "$(cat made.txt)" = yes\n```\n'
     )
     _run_synthetic(tmp_path, text)
     assert (tmp_path / "work" / "made.txt").read_text() == "yes"
@@ -475,7 +486,9 @@ def test_python_blocks_share_one_namespace_and_the_working_directory(tmp_path):
 
 def test_bash_commands_must_exit_0_unless_an_exit_comment_says_otherwise(tmp_path):
     _run_synthetic(tmp_path, "```bash\n# a comment line\ntrue\nbash -c 'exit 2'   # exit 2\n```\n")
-    with pytest.raises(DocsExampleError, match=r"^page\.md:3: bash block at line 1: `false` exited 1, expected 0"):
+    with pytest.raises(
+        DocsExampleError, match=r"^page\.md:3: bash block at line 1: `false` exited 1, expected 0"
+    ):
         _run_synthetic(tmp_path, "```bash\ntrue\nfalse\ntrue\n```\n")
     with pytest.raises(DocsExampleError, match=r"`true   # exit 2` exited 0, expected 2"):
         _run_synthetic(tmp_path, "```bash\ntrue   # exit 2\n```\n")
@@ -506,15 +519,19 @@ def test_a_file_comment_writes_the_block_for_a_later_block(tmp_path):
     )
     _run_synthetic(tmp_path, text)
     assert (tmp_path / "work" / "conf" / "train.yaml").read_text() == "train:\n  steps: 3\n"
-    _run_synthetic(tmp_path, "<!-- file: script.py -->\n```python\nraise SystemExit(3)\n```\n")  # written, not run
-    with pytest.raises(DocsExampleError, match=r"^page\.md:2: bash block at line 1: `python script.py` exited 3"):
+    _run_synthetic(
+        tmp_path, "<!-- file: script.py -->\n```python\nraise SystemExit(3)\n```\n"
+    )  # written, not run
+    with pytest.raises(
+        DocsExampleError, match=r"^page\.md:2: bash block at line 1: `python script.py` exited 3"
+    ):
         _run_synthetic(tmp_path, "```bash\npython script.py\n```\n")
 
 
 def test_data_blocks_must_parse_and_text_blocks_are_not_run(tmp_path):
-    _run_synthetic(tmp_path, "```json\n{\"a\": [1, 2]}\n```\n```yaml\na: 1\n```\n```text\n$ rm -rf /\n```\n")
+    _run_synthetic(tmp_path, '```json\n{"a": [1, 2]}\n```\n```yaml\na: 1\n```\n```text\n$ rm -rf /\n```\n')
     with pytest.raises(DocsExampleError, match=r"^page\.md:1: json block does not parse"):
-        _run_synthetic(tmp_path, "```json\n{\"a\": 1,}\n```\n")
+        _run_synthetic(tmp_path, '```json\n{"a": 1,}\n```\n')
     with pytest.raises(DocsExampleError, match=r"^page\.md:1: yaml block does not parse"):
         _run_synthetic(tmp_path, "```yaml\na: [1\n```\n")
 
@@ -525,20 +542,25 @@ def test_a_block_of_another_language_is_an_error(tmp_path, fence):
         _run_synthetic(tmp_path, f"Text.\n{fence}\necho hi\n{fence[:3]}\n")
 
 
+ELSEWHERE = "tests/test_docs_examples.py::test_a_setup_comment_runs_before_the_next_block"
+
+
 def test_indented_blocks_of_a_list_item_run_and_runs_elsewhere_skips(tmp_path):
     text = (
         "- an item:\n\n  ```python\n  import math\n  answer = math.sqrt(4)\n  ```\n\n"
-        "<!-- runs-elsewhere: tests/test_docs_examples.py::test_a_setup_comment_runs_before_the_next_block -->\n"
+        f"<!-- runs-elsewhere: {ELSEWHERE} -->\n"
         "```bash\nexit 9\n```\n\n```python\nassert answer == 2\n```\n"
     )
     _run_synthetic(tmp_path, text)
-    [block] = [item for item in parse_page(text, "p.md") if isinstance(item, Block) and item.language == "bash"]
-    assert block.runs_elsewhere == "tests/test_docs_examples.py::test_a_setup_comment_runs_before_the_next_block"
+    [block] = [
+        item for item in parse_page(text, "p.md") if isinstance(item, Block) and item.language == "bash"
+    ]
+    assert block.runs_elsewhere == ELSEWHERE
     with pytest.raises(DocsExampleError, match=r"^p\.md:1: the ``` fence is never closed"):
         parse_page("```python\nx = 1\n", "p.md")
 
 
-# --- the README's demo summary --------------------------------------------------------------------------------
+# --- the README's demo summary -------------------------------------------------------------------------
 
 
 def test_make_demo_prints_the_readme_summary(tmp_path):
@@ -575,8 +597,9 @@ def test_make_demo_prints_the_readme_summary(tmp_path):
     }
     assert {name: rows.get(name) for name in expected} == expected, result.stdout
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    for phrase in ("7,168 real conversations", "4,018 conversations packed", "145 of them truncated",
-                   "142 lost their oldest rounds", "3 whose last answer", "into 845 packs, which is the lower bound",
-                   "at 99.88% fill", "3,150 are monologues"):  # fmt: skip
+    phrases = ("7,168 real conversations", "4,018 conversations packed", "145 of them truncated",
+               "142 lost their oldest rounds", "3 whose last answer", "845 packs, which is the lower bound",
+               "at 99.88% fill", "3,150 are monologues")  # fmt: skip
+    for phrase in phrases:
         assert phrase in readme, phrase
     assert (tmp_path / "packed-demo" / "manifest.json").is_file()

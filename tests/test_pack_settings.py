@@ -114,8 +114,9 @@ def _page_block(page: str, section: str) -> str:
 
 
 def test_the_documented_training_loop_runs_on_llama_packs(packs, tmp_path, monkeypatch):
-    """The "Training on packed rows" block of docs/training-loop.md, as written, on Llama packs in ./packed,
-    with a 32,000-token Llama as ``hf_model``: it padded with GPT-2's 50256 and the forward raised IndexError."""
+    """The "Training on packed rows" block of docs/training-loop.md, as written, on Llama packs in
+    ./packed, with a 32,000-token Llama as ``hf_model``: it padded with GPT-2's 50256 and the forward
+    raised IndexError."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     shutil.copytree(packs["llama"], tmp_path / "packed")
@@ -127,7 +128,9 @@ def test_the_documented_training_loop_runs_on_llama_packs(packs, tmp_path, monke
     )  # fmt: skip
     torch.manual_seed(0)
     scope = {"rank": 0, "world": 1, "hf_model": LlamaForCausalLM(config)}
-    exec(compile(_page_block(TRAINING_LOOP_PAGE, "Training on packed rows"), TRAINING_LOOP_PAGE, "exec"), scope)
+    exec(
+        compile(_page_block(TRAINING_LOOP_PAGE, "Training on packed rows"), TRAINING_LOOP_PAGE, "exec"), scope
+    )
     assert scope["collate"].eos_id == 2 and scope["collate"].pad_seq_to_mult == 4
     assert scope["outputs"].logits.shape[-1] == LLAMA_VOCAB and torch.isfinite(scope["outputs"].logits).all()
 
