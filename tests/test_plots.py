@@ -20,7 +20,8 @@ import pytest
 from tightpack import plots
 from tightpack.core.cost_model import CostModel
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.pack_sizes import compare_pack_sizes
 from tightpack.packed_summary import (
     pack_costs,
@@ -28,7 +29,6 @@ from tightpack.packed_summary import (
     summarize_pack_arrays,
     summarize_packed,
 )
-from tightpack.pipeline import pack_dataset
 from tightpack.prepare.formats import FormatConfig
 
 from .conftest import random_words, write_jsonl

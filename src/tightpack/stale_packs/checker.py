@@ -15,7 +15,7 @@ from tightpack.config.derive import DerivedValues, packing_specs
 from tightpack.config.report import Severity
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
-from tightpack.output_folder import MANIFEST_NAME
+from tightpack.offline.output_folder import MANIFEST_NAME
 from tightpack.packed_summary import read_manifest
 from tightpack.stale_packs.metadata import MetadataChecks
 from tightpack.stale_packs.repack import Repack

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tightpack.core.pack_manifest import metadata_near
-from tightpack.output_folder import METADATA_NAME
+from tightpack.offline.output_folder import METADATA_NAME
 from tightpack.packed_summary import read_metadata
 from tightpack.stale_packs.result import CheckedSplit
 from tightpack.stale_packs.rules import SPECS as _SPECS

@@ -30,7 +30,7 @@ from pathlib import Path
 from tightpack.core.packed_index import check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
-from tightpack.output_folder import MANIFEST_NAME, METADATA_NAME
+from tightpack.offline.output_folder import MANIFEST_NAME, METADATA_NAME
 from tightpack.packed_summary import read_manifest, read_metadata
 from tightpack.verify.folder import check_coverage, check_manifest, check_metadata
 from tightpack.verify.media import check_media
