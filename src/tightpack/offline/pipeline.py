@@ -247,8 +247,8 @@ def _pack_into(
         (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
         manifest = build_manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
-    for work in ("_store", "_parts", "_truncated"):
-        shutil.rmtree(staging / work, ignore_errors=True)
+    for work in sorted(staging.glob("_*")):  # the work folders of the engine and of the accounting
+        shutil.rmtree(work, ignore_errors=True)
     return PackResult(
         staging, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance
     )

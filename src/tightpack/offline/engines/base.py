@@ -55,10 +55,11 @@ class Engine(Protocol):
     ) -> TokenizeReport:
         """Tokenize every row of ``sources`` with ``spec`` as ``config.format`` says.
 
-        Work files go into ``staging`` (the run's folder, next to the output), under names that
-        start with ``_``. ``on_rows`` is called with the number of rows read as they are read; a
-        problem that does not stop the run is one line appended to ``warnings``. Bad rows stop the
-        run with `tightpack.prepare.tokenize.bad_row_error` unless ``config.skip_bad_lines``.
+        Work files go into ``staging`` (the run's folder, next to the output), in folders whose
+        names start with ``_`` (the pipeline removes them before it publishes). ``on_rows`` is
+        called with the number of rows read as they are read; a problem that does not stop the run
+        is one line appended to ``warnings``. Bad rows stop the run with
+        `tightpack.prepare.tokenize.bad_row_error` unless ``config.skip_bad_lines``.
         """
         ...
 
