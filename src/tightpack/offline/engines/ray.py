@@ -1,6 +1,7 @@
 """``--engine ray``: offline packing on a Ray cluster, the local engine's bytes (issue 14).
 
-Two passes over the cluster; the driver holds per-sample tables only (no token, no row):
+`start` gives a run its `RayEngine` (the `tightpack.offline.engines.base.Engine` of this module) on a
+connected cluster. Two passes over the cluster; the driver holds per-sample tables only (no token, no row):
 
 1. **Tokenize** (Ray Data ``map_batches`` on a pool of actors, the tokenizer loaded once per actor).
    The work is a list of *pieces*: byte ranges of JSONL files and row-group ranges of Parquet files
