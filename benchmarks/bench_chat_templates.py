@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.chat_templates import TEMPLATES, conversations, template_folders
 from tests.conftest import write_jsonl
 
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 
 

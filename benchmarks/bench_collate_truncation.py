@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.long_chat_rows import long_chat_rows
 
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenize import Encoder
 from tightpack.prepare.tokenizer import load_tokenizer

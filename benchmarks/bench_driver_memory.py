@@ -33,11 +33,11 @@ from tightpack.core.long_samples import cut_long_samples, gathered_cut
 from tightpack.core.parted_store import PartedStore, write_supervised
 from tightpack.core.stats import pack_stats
 from tightpack.core.token_store import TokenStoreWriter
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import plan_kept
+from tightpack.offline.accounting import account_samples
+from tightpack.offline.config import PackConfig
+from tightpack.offline.engines.ray import shard_work
+from tightpack.offline.pipeline import plan_kept
 from tightpack.prepare.tokenize import TokenizeReport
-from tightpack.ray_engine import shard_work
-from tightpack.sample_accounting import account_samples
 
 PART_SAMPLES = 50_000
 

@@ -124,7 +124,7 @@ def chat_rows() -> list[dict]:
 @pytest.fixture
 def packed_chat(tmp_path, chat_rows) -> Path:
     """A small real packed dataset: 240 chat rows packed at 128 tokens, row groups of 4 packs."""
-    from tightpack.pipeline import PackConfig, pack_dataset
+    from tightpack.offline.pipeline import PackConfig, pack_dataset
 
     source = write_jsonl(tmp_path / "chat.jsonl", chat_rows * 3)
     config = PackConfig(packed_sequence_size=128, row_group_size=4, workers=1)

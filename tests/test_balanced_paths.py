@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tightpack.core.balance import straggler_overhead
 from tightpack.core.cost_model import COST_MODELS, CostModel
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.sources import default_corpus
 from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler, pack_costs
 from tightpack.runtime.collate import PackedCollate

@@ -12,7 +12,7 @@ from tightpack.core.balance import straggler_overhead
 from tightpack.core.cost_model import CostModel
 from tightpack.core.row_costs import row_pack_costs, row_runtime_lengths
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler, pack_costs
 from tightpack.runtime.collate import PackedCollate
 from tightpack.runtime.dataset import PackedDataset

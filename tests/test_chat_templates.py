@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tightpack.output_folder import MANIFEST_NAME
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.output_folder import MANIFEST_NAME
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 
 from .chat_templates import TEMPLATES, conversations, template_folders

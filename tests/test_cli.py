@@ -647,7 +647,7 @@ def test_a_pack_smaller_than_the_fixed_template_text_names_the_cause(tmp_path):
 def test_format_auto_reads_pre_tokenized_rows_as_tokens(tmp_path):
     """Rows of ``input_ids`` (and ``loss_mask``) are packed by ``--format auto`` as by ``--format tokens``,
     from a file or from a generator (whose first row is looked at without being lost)."""
-    from tightpack.pipeline import PackConfig, pack_dataset
+    from tightpack.offline.pipeline import PackConfig, pack_dataset
 
     rows = [{"input_ids": [10 + i, 20, 30, 40], "loss_mask": [0, 0, 1, 1]} for i in range(6)]
     source = write_jsonl(tmp_path / "ids.jsonl", rows)

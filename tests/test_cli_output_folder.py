@@ -1,6 +1,6 @@
 """`tightpack pack` and its output folder, through the command line (issue 11 §5, §6).
 
-To add to tests/test_cli.py once pipeline.pack_dataset uses tightpack.output_folder and cli.main
+To add to tests/test_cli.py once pipeline.pack_dataset uses tightpack.offline.output_folder and cli.main
 turns OSError into one line.
 """
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 from tightpack.runtime.collate import PackedCollate, PackingMetadata
 from tightpack.runtime.dataset import PackedDataset

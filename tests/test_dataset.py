@@ -10,7 +10,7 @@ import torch
 
 from tightpack.core.packed_index import index_key
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.runtime.collate import PackedCollate
 from tightpack.runtime.dataset import PackedDataset
 

@@ -14,7 +14,7 @@ import pytest
 
 from tightpack.cli.flags import FLAGS, cli_text
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.vision_rows import VisionSpec
 from tightpack.prepare.vision_sizes import VisionSizes

@@ -15,8 +15,8 @@ import torch
 from tightpack import from_hf_packed, to_hf_dataset
 from tightpack.cli import main
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.runtime.dataset import PackedDataset
 from tightpack.runtime.hf_trainer import PackingCollator
 

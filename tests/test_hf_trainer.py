@@ -11,8 +11,8 @@ import torch
 
 from tests.hf_training import PaddedCollator, encoded_rows, micro_batches, small_tokenizer, tiny_llama, train
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.prepare.sources import default_corpus
 from tightpack.runtime.dataset import PackedDataset
 from tightpack.runtime.hf_trainer import PackingCallback, PackingCollator

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 from numpy.lib import format as npy_format
 
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenize import _parse
 
@@ -137,7 +137,7 @@ def build(tmp_path: Path, files: dict) -> None:
 # of the cost of a separate ``python -m tightpack.cli`` per case.
 FORK_DRIVER = r"""
 import contextlib, io, json, os, sys, traceback
-import pyarrow.parquet, tokenizers, tightpack.cli, tightpack.reports.summary, tightpack.pipeline
+import pyarrow.parquet, tokenizers, tightpack.cli, tightpack.reports.summary, tightpack.offline.pipeline
 with contextlib.redirect_stdout(io.StringIO()):  # typer imports its parameter machinery on first use
     tightpack.cli.main(["pack", "--help"])
 jobs = json.load(sys.stdin)

@@ -1,4 +1,5 @@
-"""The layers of docs/architecture.md: imports point down only, and the core never imports torch."""
+"""The layers of docs/architecture.md: imports point down only, the core never imports torch, and
+an engine of the offline path never imports another."""
 
 from __future__ import annotations
 
@@ -6,15 +7,27 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tightpack"
 
-# Each layer may import the layers after it in this list, never those before it.
-LAYERS = ("front", "runtime", "prepare", "core")
+# The layers each layer may import (besides its own). The offline path (tightpack.offline) and the
+# runtime (torch) stand side by side above prepare: neither imports the other.
+BELOW = {
+    "front": {"offline", "runtime", "prepare", "core"},
+    "offline": {"prepare", "core"},
+    "runtime": {"prepare", "core"},
+    "prepare": {"core"},
+    "core": set(),
+}
+LAYERS = tuple(BELOW)
 # the version, the one user-facing exception, the logger
 SHARED = {"tightpack", "tightpack.errors", "tightpack.logs"}
+ENGINES = "tightpack.offline.engines."
+# what every engine shares: the interface, and the table of engines by name
+ENGINE_SHARED = {ENGINES + "base", ENGINES.rstrip(".")}
 
 
 def layer_of(module: str) -> str:
@@ -49,8 +62,10 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
 def upward_imports(module: str, imported: set[str]) -> list[str]:
-    here = LAYERS.index(layer_of(module))
-    return sorted(name for name in imported - SHARED if LAYERS.index(layer_of(name)) < here)
+    """The imported modules of a layer ``module`` may not import: above it, or beside it."""
+    here = layer_of(module)
+    allowed = BELOW[here] | {here}
+    return sorted(name for name in imported - SHARED if layer_of(name) not in allowed)
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda path: module_name(path))
@@ -63,11 +78,44 @@ def test_imports_point_down(path):
 def test_an_upward_import_is_seen(tmp_path):
     source = tmp_path / "lazy.py"
     source.write_text(
-        "def f():\n    from tightpack.pipeline import PackConfig\n    import tightpack.errors\n"
+        "def f():\n    from tightpack.offline.pipeline import PackConfig\n    import tightpack.errors\n"
     )
     imported = tightpack_imports(source)
-    assert upward_imports("tightpack.core.planner", imported) == ["tightpack.pipeline"]
+    assert upward_imports("tightpack.core.planner", imported) == ["tightpack.offline.pipeline"]
     assert upward_imports("tightpack.cli", imported) == []
+
+
+def test_an_import_beside_is_seen(tmp_path):
+    source = tmp_path / "beside.py"
+    source.write_text("from tightpack.runtime.collate import collate\nfrom tightpack.core import planner\n")
+    imported = tightpack_imports(source)
+    assert upward_imports("tightpack.offline.pipeline", imported) == ["tightpack.runtime.collate"]
+    assert upward_imports("tightpack.cli", imported) == []
+
+
+def engine_of(module: str) -> str | None:
+    """The engine a module of `tightpack.offline.engines` is (``local``, ``ray``), or None."""
+    if not module.startswith(ENGINES) or module in ENGINE_SHARED:
+        return None
+    return module[len(ENGINES) :].split(".")[0]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: module_name(path))
+def test_only_the_table_of_engines_imports_an_engine(path):
+    """An engine never imports another, and the pipeline reaches each through the table by name."""
+    module = module_name(path)
+    engines = {engine_of(name) for name in tightpack_imports(path)} - {None, engine_of(module)}
+    if module != ENGINES.rstrip("."):
+        assert not engines, f"{module} imports the engine modules {sorted(engines)}"
+
+
+def test_there_are_two_engines_and_each_is_a_module():
+    engines = {engine_of(module_name(path)) for path in SOURCES} - {None}
+    assert engines == {"local", "ray"}
+    from tightpack.offline.config import Engine
+    from tightpack.offline.engines import ENGINES as by_name
+
+    assert set(by_name) == engines == set(get_args(Engine))
 
 
 def test_the_core_and_prepare_never_import_torch():
@@ -85,3 +133,16 @@ def test_the_core_and_prepare_never_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert len(modules) > 10
     assert result.stdout.strip() == "[]", f"importing the core and prepare layers loaded {result.stdout}"
+
+
+def test_the_offline_path_never_imports_torch():
+    modules = [module_name(path) for path in SOURCES if layer_of(module_name(path)) == "offline"]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "tightpack.offline.engines.ray" in modules and len(modules) > 10
+    assert result.stdout.strip() == "[]", f"importing the offline path loaded {result.stdout}"

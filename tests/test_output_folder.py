@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tightpack import output_folder
 from tightpack.core.store_cache import claim
 from tightpack.errors import TightpackError
-from tightpack.output_folder import check_publishable, os_error_message, output_lock, publish, sweep_work
+from tightpack.offline import output_folder
+from tightpack.offline import output_lock as lock_module
+from tightpack.offline.output_folder import check_publishable, os_error_message, publish, sweep_work
+from tightpack.offline.output_lock import output_lock
 
 from .conftest import write_jsonl
 
@@ -166,7 +168,7 @@ def test_an_output_holding_other_files_is_refused_with_their_names(tmp_path):
 
 
 def test_a_real_pack_output_is_recognised_and_replaced(tmp_path, prompt_completion_rows):
-    from tightpack.pipeline import PackConfig, pack_dataset
+    from tightpack.offline.pipeline import PackConfig, pack_dataset
 
     source = write_jsonl(tmp_path / "train.jsonl", prompt_completion_rows)
     out = tmp_path / "out"
@@ -220,14 +222,14 @@ def test_an_unwritable_place_is_refused_before_any_work(tmp_path, kind, cause):
 
 HOLD_LOCK = """
     import time
-    from tightpack.output_folder import output_lock
+    from tightpack.offline.output_lock import output_lock
     with output_lock({output!r}):
         print("ready", flush=True)
         time.sleep(60)
 """
 
 
-needs_flock = pytest.mark.skipif(output_folder.fcntl is None, reason="no flock here (Windows): no lock")
+needs_flock = pytest.mark.skipif(lock_module.fcntl is None, reason="no flock here (Windows): no lock")
 
 
 @needs_flock
@@ -259,7 +261,7 @@ def test_a_second_run_on_the_same_output_fails_naming_the_first(tmp_path):
 def test_a_forked_worker_outliving_a_killed_run_does_not_keep_the_lock(tmp_path):
     holder, [worker] = start_python(f"""
         import os, time
-        from tightpack.output_folder import output_lock
+        from tightpack.offline.output_lock import output_lock
         with output_lock({str(tmp_path / "out")!r}):
             if os.fork() == 0:  # the worker says ready: its fork handlers have run by then
                 print("ready", os.getpid(), flush=True)

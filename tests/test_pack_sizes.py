@@ -14,8 +14,8 @@ import pytest
 from tightpack.core.balance import epoch_rank_costs
 from tightpack.core.cost_model import CostModel
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.reports.pack_sizes import compare_pack_sizes
 from tightpack.runtime.balanced_sampler import BalancedPackedBatchSampler
 from tightpack.runtime.samplers import PackedBatchSampler

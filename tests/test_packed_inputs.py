@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 
 from .conftest import run_main, write_jsonl
 from .test_cli import error_line

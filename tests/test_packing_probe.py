@@ -19,8 +19,8 @@ import torch
 from tests.hf_training import small_tokenizer
 from tests.tiny_families import tiny_model
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.prepare.sources import default_corpus
 from tightpack.runtime.collate import PackedCollate
 from tightpack.runtime.dataset import PackedDataset

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 from tightpack.runtime import thd
 from tightpack.runtime.collate import PackedCollate

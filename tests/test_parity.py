@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.sources import default_corpus
 from tightpack.runtime.collate import PackedCollate
 from tightpack.runtime.hf import packed_forward

@@ -14,7 +14,7 @@ import pytest
 from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.legacy_npy import read_legacy_npy
 from tightpack.errors import TightpackError
-from tightpack.pipeline import MANIFEST_NAME, METADATA_NAME, PackConfig, pack_dataset
+from tightpack.offline.pipeline import MANIFEST_NAME, METADATA_NAME, PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 
 from .conftest import write_jsonl

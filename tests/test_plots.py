@@ -19,8 +19,8 @@ import pytest
 
 from tightpack.core.cost_model import CostModel
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.prepare.formats import FormatConfig
 from tightpack.reports import plots
 from tightpack.reports.pack_sizes import compare_pack_sizes

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare import file_ranges
 from tightpack.prepare.sources import default_corpus
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare import file_ranges
 from tightpack.prepare.sources import default_corpus, open_sources
 

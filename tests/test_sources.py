@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tightpack.errors import TightpackError
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.sources import DEFAULT_CORPUS_NAME, Chunk, open_sources
 
 from .conftest import random_words, write_jsonl
@@ -368,7 +368,7 @@ def test_a_saved_dataset_dict_folder_through_the_cli_needs_its_split(rows, refer
 
 
 class _Recorder:
-    """A `tightpack.pipeline.Progress` that keeps what it was told."""
+    """A `tightpack.offline.pipeline.Progress` that keeps what it was told."""
 
     def __init__(self) -> None:
         self.events: list[tuple] = []

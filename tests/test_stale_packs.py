@@ -22,8 +22,8 @@ from tests.conftest import random_words, write_jsonl
 from tightpack.cli import main as cli_main
 from tightpack.config import load_config, validate
 from tightpack.core.checksums import file_digest
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.prepare.tokenizer import load_tokenizer
 from tightpack.stale_packs import DATA_RULES, SAMPLE_ROWS, check_packed_data
 
@@ -479,7 +479,7 @@ def test_every_recorded_setting_has_a_flag_of_pack():
     import typer.main
 
     from tightpack.cli.app import app
-    from tightpack.pack_flags import SETTING_FLAGS, recorded_paths
+    from tightpack.offline.pack_flags import SETTING_FLAGS, recorded_paths
 
     recorded = recorded_paths(PackConfig(packed_sequence_size=64).settings())
     assert sorted(recorded) == sorted(SETTING_FLAGS)
@@ -493,7 +493,7 @@ def test_repack_words_for_vision_cost_models_and_settings_of_a_newer_tightpack()
     """The processor folder is not recorded (a placeholder names it); a cost model is named by its
     preset; a setting this tightpack has no entry for is returned, never dropped silently."""
     from tightpack.core.cost_model import COST_MODELS
-    from tightpack.pack_flags import sample_flags
+    from tightpack.offline.pack_flags import sample_flags
 
     settings = PackConfig(packed_sequence_size=64).settings()
     settings["balance_costs"] = COST_MODELS["llama-1b"].to_dict()

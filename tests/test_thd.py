@@ -101,7 +101,7 @@ def test_real_packed_files_with_static_shapes_are_valid(tmp_path, chat_rows):
 
     import pyarrow.parquet as pq
 
-    from tightpack.pipeline import PackConfig, pack_dataset
+    from tightpack.offline.pipeline import PackConfig, pack_dataset
 
     from .conftest import write_jsonl
 

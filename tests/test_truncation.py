@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tightpack.core.truncation import ANSWER, KEEP, PROMPT, REASONS, ROUNDS_KEPT, keep_ranges
 from tightpack.errors import TightpackError
-from tightpack.pipeline import MANIFEST_NAME, PackConfig, pack_dataset
+from tightpack.offline.pipeline import MANIFEST_NAME, PackConfig, pack_dataset
 from tightpack.prepare.formats import FormatConfig
 
 from .conftest import write_jsonl

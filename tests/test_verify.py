@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import write_jsonl
 from tightpack.core.checksums import file_digest
 from tightpack.core.legacy_npy import read_legacy_npy, write_legacy_npy
-from tightpack.pipeline import PackConfig, pack_dataset
+from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.verify import verify_packed
 
 SHARD = "packs-00000.idx.parquet"

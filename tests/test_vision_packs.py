@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 
 from tests.qwen_vl_models import VIDEO_SIZE, drawn_frame, image_processor, tiny_model, video_inputs
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import pack_dataset
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import pack_dataset
 from tightpack.prepare.formats import FormatConfig
 from tightpack.prepare.tokenizer import load_tokenizer
 from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS

@@ -33,7 +33,7 @@ assert __all__ == sorted(__all__)
 def __getattr__(name: str):
     # The pipeline pulls in tokenizers and pyarrow; import it only when asked for.
     if name in ("PackConfig", "PackResult", "pack_dataset"):
-        from tightpack import pipeline
+        from tightpack.offline import pipeline
 
         return getattr(pipeline, name)
     if name in ("from_hf_packed", "to_hf_dataset"):

@@ -28,7 +28,7 @@ from tightpack.core.packed_parquet import PackedRows
 from tightpack.core.paths import resolve_parquet_spec
 from tightpack.core.stats import pack_stats
 from tightpack.errors import TightpackError
-from tightpack.output_folder import METADATA_NAME
+from tightpack.offline.output_folder import METADATA_NAME
 
 __all__ = ["from_hf_packed", "to_hf_dataset"]
 

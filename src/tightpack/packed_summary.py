@@ -1,14 +1,5 @@
-"""Moved to `tightpack.reports.summary`; it works here, with a warning, for one release."""
+"""Deprecated: moved to `tightpack.reports.summary`; importing it warns. Kept for old imports."""
 
-import importlib
-import warnings
+from tightpack._moved import forward
 
-_NEW = "tightpack.reports.summary"
-
-
-def __getattr__(name: str):
-    module = importlib.import_module(_NEW)
-    if (name.startswith("__") and name != "__all__") or not hasattr(module, name):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"{__name__} is deprecated: import from {_NEW}", DeprecationWarning, stacklevel=2)
-    return getattr(module, name)
+__getattr__, __all__ = forward(__name__, "tightpack.reports.summary")

@@ -23,7 +23,7 @@ from tightpack.cli.app import app, stderr, stdout
 from tightpack.cli.flags import cli_message
 from tightpack.cli.pack_command import Interrupted
 from tightpack.errors import TightpackError
-from tightpack.output_folder import os_error_message
+from tightpack.offline.output_folder import os_error_message
 
 __all__ = ["app", "main"]
 

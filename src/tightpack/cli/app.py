@@ -10,9 +10,10 @@ from typing import Annotated, get_args
 import typer
 from rich.console import Console
 
-from tightpack import __version__, pack_config
+from tightpack import __version__
 from tightpack.cli.flags import cli_text
 from tightpack.core.planner import ALGORITHMS
+from tightpack.offline import config as pack_config
 from tightpack.prepare import format_config
 from tightpack.prepare.tokenize import BAD_ROW_PARAMETERS
 

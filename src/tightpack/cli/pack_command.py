@@ -10,7 +10,6 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tightpack import pipeline
 from tightpack.cli import options
 from tightpack.cli.app import (
     DEMO_OUTPUT,
@@ -30,6 +29,7 @@ from tightpack.cli.app import (
 )
 from tightpack.core.stats import bounds_text
 from tightpack.errors import TightpackError
+from tightpack.offline import pipeline
 
 
 def _default_workers() -> int:
@@ -37,7 +37,7 @@ def _default_workers() -> int:
 
 
 class _RichProgress:
-    """`tightpack.pipeline.Progress` on a rich progress display (stderr)."""
+    """`tightpack.offline.pipeline.Progress` on a rich progress display (stderr)."""
 
     def __init__(self, display: Progress) -> None:
         self.display, self.task = display, None

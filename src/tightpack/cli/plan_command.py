@@ -85,7 +85,7 @@ def plan(
     Exits 1 when no pack size can run at this DP and token slots, or ``pack`` would refuse every size
     (as ``validate`` and ``verify`` exit 1 on what they find), 2 on a user error.
     """
-    from tightpack.pack_config import PackConfig
+    from tightpack.offline.config import PackConfig
     from tightpack.reports.pack_sizes import compare_pack_sizes
 
     sizes = _sizes(pack_sizes)

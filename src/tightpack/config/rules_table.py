@@ -96,9 +96,10 @@ so a cap that is not a multiple of the new multiple can cut elsewhere (packs cut
 with multiple 1, re-packed with `--cp 2`, multiple 4, are cut at 88, and the samples longer than 88 tokens
 lose tokens), and the printed command then says so beside it, with both lengths. Tests run the printed
 command and compare the manifests' counts, and the lengths of the rounded case. The table from
-setting to flag is `tightpack.pack_flags.SETTING_FLAGS`; a test fails when a field of `PackConfig` or
-`FormatConfig` has no entry, or an entry names a flag `tightpack pack` lacks. A manifest setting the running
-tightpack does not know (a newer version's) is named after the command, not dropped silently.
+setting to flag is `tightpack.offline.pack_flags.SETTING_FLAGS`; a test fails when a field of
+`PackConfig` or `FormatConfig` has no entry, or an entry names a flag `tightpack pack` lacks. A manifest
+setting the running tightpack does not know (a newer version's) is named after the command, not dropped
+silently.
 """
 
 

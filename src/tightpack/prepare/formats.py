@@ -92,7 +92,7 @@ def render_row(
 def row_kind(row: dict, config: FormatConfig) -> str:
     """What ``auto`` reads an object row as: ``chat`` (it has the messages key) or
     ``prompt-completion``. Rows of one kind give the same samples under ``auto`` as under that format
-    (so `tightpack.store_reuse` lets them share one token store)."""
+    (so `tightpack.offline.store_reuse` lets them share one token store)."""
     return "chat" if config.messages_key in row else "prompt-completion"
 
 

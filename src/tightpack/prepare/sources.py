@@ -142,8 +142,8 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
             has several), a ``split`` not in it or with no ``DatasetDict`` to apply to, or an
             unsupported input.
 
-    A generator yielding nothing is a source with no rows, which `tightpack.pipeline.pack_dataset`
-    reports as such.
+    A generator yielding nothing is a source with no rows, which
+    `tightpack.offline.pipeline.pack_dataset` reports as such.
     """
     if inputs is None:
         _check_split_used(split, used=False)

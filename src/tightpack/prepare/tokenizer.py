@@ -17,7 +17,8 @@ What ``tokenizer_config.json`` decides, as transformers reads it:
 
 A `TokenizerSpec` is what travels to worker processes: the serialized backend and the few settings
 around it, so every worker tokenizes with exactly the parent's tokenizer. Its fingerprint keys the
-token store cache (`tightpack.pipeline`), so it covers every file content that can change token ids.
+token store cache (`tightpack.offline.store_reuse`), so it covers every file content that can change
+token ids.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a global batch of 32, 4K with 16 and 8K with 8 all hold 65,536 tokens) and keep 
 store; again for a smaller size only when a field is long enough to be cut before tokenizing at that
 size's text budget, as ``pack`` at that size would cut it), then runs, for each pack size, the same
 accounting and planner as ``tightpack pack``
-(`tightpack.sample_accounting.account_samples`, `tightpack.pipeline.plan_kept`,
+(`tightpack.offline.accounting.account_samples`, `tightpack.offline.pipeline.plan_kept`,
 `tightpack.core.stats.pack_stats`), so every figure of a row is what packing at that size would write
 into its manifest. On top it prices the packs under a cost model and simulates one epoch of the
 offline samplers over the data-parallel ranks (`tightpack.core.balance.epoch_rank_costs`).
@@ -33,17 +33,17 @@ from tightpack.core.balance import epoch_rank_costs, straggler_overhead
 from tightpack.core.cost_model import CostModel
 from tightpack.core.stats import pack_stats
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pipeline import Progress, TokenizedInputs, plan_kept, tokenize_inputs
-from tightpack.prepare.tokenizer import TokenizerSpec
-from tightpack.reports.pack_size_rows import SAME_TIME, PackSizeComparison, PackSizeRow, recommend, relative
-from tightpack.sample_accounting import (
+from tightpack.offline.accounting import (
     LongSamplesError,
     account_samples,
     nothing_left,
     truncation_loss_note,
 )
-from tightpack.store_reuse import same_texts, text_budget
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pipeline import Progress, TokenizedInputs, plan_kept, tokenize_inputs
+from tightpack.offline.store_reuse import same_texts, text_budget
+from tightpack.prepare.tokenizer import TokenizerSpec
+from tightpack.reports.pack_size_rows import SAME_TIME, PackSizeComparison, PackSizeRow, recommend, relative
 
 __all__ = ["SAME_TIME", "PackSizeComparison", "PackSizeRow", "compare_pack_sizes"]
 
@@ -66,7 +66,7 @@ def compare_pack_sizes(
     """Plan every pack size on one tokenization and compare them at equal token slots per step.
 
     Args:
-        inputs: what `tightpack.pipeline.pack_dataset` takes (None: the embedded demo corpus).
+        inputs: what `tightpack.offline.pipeline.pack_dataset` takes (None: the embedded demo corpus).
         pack_sizes: the candidate pack sizes P; each must divide ``token_slots``.
         token_slots: tokens per optimizer step, all ranks together (GBS x P for every candidate).
         config: the packing settings besides the pack size (format, alignment, long-sample policy,

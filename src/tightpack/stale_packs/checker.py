@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tightpack.output_folder import MANIFEST_NAME
+from tightpack.core.pack_manifest import MANIFEST_NAME
 from tightpack.stale_packs.context import CheckContext, CheckedSplit
 from tightpack.stale_packs.files import check_files
 from tightpack.stale_packs.metadata import check_metadata

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tightpack.output_folder import MANIFEST_NAME
+from tightpack.core.pack_manifest import MANIFEST_NAME
 from tightpack.stale_packs.context import CheckContext, CheckedSplit
 from tightpack.stale_packs.repack import lowered, repack_fix
 

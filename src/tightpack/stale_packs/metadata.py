@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tightpack.core.pack_manifest import metadata_near
-from tightpack.output_folder import METADATA_NAME
+from tightpack.core.pack_manifest import METADATA_NAME, metadata_near
 from tightpack.stale_packs.context import CheckContext, CheckedSplit
 from tightpack.stale_packs.repack import lowered, repack_fix
 from tightpack.stale_packs.rules import SPECS

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tightpack.core.pack_manifest import metadata_near, read_manifest, read_metadata
+from tightpack.core.pack_manifest import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    metadata_near,
+    read_manifest,
+    read_metadata,
+)
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
-from tightpack.output_folder import MANIFEST_NAME, METADATA_NAME
 from tightpack.stale_packs.context import CheckContext, CheckedSplit, split_attr
 from tightpack.stale_packs.rules import SPECS
 

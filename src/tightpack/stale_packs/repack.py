@@ -12,8 +12,8 @@ from typing import Any
 from tightpack.config.derive import has_fixed_width
 from tightpack.core.alignment import alignment_multiple, length_cap
 from tightpack.errors import TightpackError
-from tightpack.pack_config import PackConfig
-from tightpack.pack_flags import sample_flags
+from tightpack.offline.config import PackConfig
+from tightpack.offline.pack_flags import sample_flags
 from tightpack.stale_packs.context import CheckContext, CheckedSplit
 from tightpack.stale_packs.rules import SPECS
 

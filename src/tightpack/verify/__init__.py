@@ -27,11 +27,10 @@ arithmetic, so any size verifies in bounded memory. Checks:
 
 from pathlib import Path
 
-from tightpack.core.pack_manifest import read_manifest, read_metadata
+from tightpack.core.pack_manifest import MANIFEST_NAME, METADATA_NAME, read_manifest, read_metadata
 from tightpack.core.packed_index import check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
-from tightpack.output_folder import MANIFEST_NAME, METADATA_NAME
 from tightpack.verify.folder import check_coverage, check_manifest, check_metadata
 from tightpack.verify.media import check_media
 from tightpack.verify.report import VerifyReport, Violation

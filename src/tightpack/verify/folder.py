@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from tightpack.core.checksums import file_digest
-from tightpack.output_folder import METADATA_NAME
+from tightpack.offline.output_folder import METADATA_NAME
 from tightpack.verify.report import VerifyReport
 from tightpack.verify.rows import Totals
 
