@@ -32,7 +32,7 @@ import pytest
 from numpy.lib import format as npy_format
 
 from tightpack.offline.pipeline import PackConfig, pack_dataset
-from tightpack.prepare.sources import Chunk
+from tightpack.prepare.chunks import Chunk
 from tightpack.prepare.tokenize import _parse
 
 from .conftest import CliRun, run_main

@@ -17,7 +17,8 @@ import pytest
 
 from tightpack.errors import TightpackError
 from tightpack.offline.pipeline import PackConfig, pack_dataset
-from tightpack.prepare.sources import DEFAULT_CORPUS_NAME, Chunk, open_sources
+from tightpack.prepare.chunks import Chunk
+from tightpack.prepare.sources import DEFAULT_CORPUS_NAME, open_sources
 
 from .conftest import random_words, write_jsonl
 

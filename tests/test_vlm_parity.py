@@ -24,7 +24,8 @@ from tests.qwen_vl_models import (
     video_inputs,
 )
 from tightpack.errors import TightpackError
-from tightpack.runtime.hf import hf_packed_vlm_kwargs, packed_forward
+from tightpack.runtime.hf import packed_forward
+from tightpack.runtime.hf_kwargs import hf_packed_vlm_kwargs
 from tightpack.runtime.mrope import QwenVLRope
 from tightpack.runtime.vlm import pack_vlm_samples
 

@@ -1,6 +1,7 @@
 """tightpack: sequence packing for LLM and VLM fine-tuning.
 
-The package root exports the planner and the offline pipeline; see the README for the command line.
+The package root exports the planner and the offline pipeline. The supported API is what the docs' API
+reference (docs/reference/) shows; every other module is internal.
 """
 
 from tightpack.core.alignment import alignment_multiple

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["TightpackError", "check_choice"]
+__all__ = ["TightpackError"]
 
 
 class TightpackError(ValueError):

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["logger"]
-
 _NAME = "tightpack"
 
 

@@ -25,8 +25,6 @@ from tightpack.cli.pack_command import Interrupted
 from tightpack.errors import TightpackError
 from tightpack.offline.output_folder import os_error_message
 
-__all__ = ["app", "main"]
-
 
 def _signals(*names: str) -> tuple[type[BaseException], ...]:
     """Typer's exception classes and, where typer still runs on click, click's."""

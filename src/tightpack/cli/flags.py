@@ -12,8 +12,6 @@ from collections.abc import Iterable
 
 from tightpack.errors import TightpackError
 
-__all__ = ["FLAGS", "cli_message", "cli_text"]
-
 FLAGS = {
     "packed_sequence_size": "--pack-size",
     "max_seq_length": "--max-seq-length",

@@ -19,11 +19,11 @@ The modules:
 - `rules_table`: renders docs/validation-rules.md from the registry.
 """
 
-from tightpack.config.derive import DerivedValues
+from tightpack.config.derive import DerivedValues  # noqa: F401 (for the package's own modules; not public API)
 from tightpack.config.loading import load_config
 from tightpack.config.report import Finding, ValidationReport
-from tightpack.config.rules import RULES
-from tightpack.config.schema import (
+from tightpack.config.rules import RULES  # noqa: F401 (for the package's own modules; not public API)
+from tightpack.config.schema import (  # noqa: F401 (for the package's own modules; not public API)
     DATASET_TYPES,
     CommOverlapSection,
     DatasetConfig,
@@ -45,31 +45,7 @@ from tightpack.config.schema import (
 from tightpack.config.schema import renamed as _renamed
 from tightpack.config.validation import validate
 
-__all__ = [
-    "DATASET_TYPES",
-    "RULES",
-    "CommOverlapSection",
-    "DDPSection",
-    "DatasetConfig",
-    "DatasetProvider",
-    "DerivedValues",
-    "DirectHFSFTDatasetConfig",
-    "DistSection",
-    "DistTrainSection",
-    "EnergonDatasetConfig",
-    "Finding",
-    "GPTDatasetConfig",
-    "GPTSFTDatasetConfig",
-    "MockVLMSFTDatasetConfig",
-    "ModelSection",
-    "PackedSequenceSpecs",
-    "RunConfig",
-    "TrainSection",
-    "ValidationReport",
-    "ValidationSection",
-    "load_config",
-    "validate",
-]
+__all__ = ["Finding", "RunConfig", "ValidationReport", "load_config", "validate"]
 
 
 def __getattr__(name: str) -> type:

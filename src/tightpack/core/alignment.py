@@ -14,7 +14,7 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = ["aligned_lengths", "alignment_multiple", "ceil_to_multiple", "length_cap"]
+__all__ = ["alignment_multiple"]
 
 
 def alignment_multiple(*, tp: int = 1, cp: int = 1, sp: bool = False) -> int:

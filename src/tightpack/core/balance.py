@@ -16,15 +16,6 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = [
-    "balanced_steps",
-    "deal_balanced",
-    "deal_in_order",
-    "epoch_rank_costs",
-    "regroup_generator",
-    "straggler_overhead",
-]
-
 _REGROUP_STREAM = 1
 """Third word of the regrouping generator's seed: ``(seed, epoch)`` alone seeds the samplers' shuffle."""
 

@@ -32,8 +32,6 @@ from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import PackPlan, first_fit_bins, plan_packs
 from tightpack.errors import TightpackError
 
-__all__ = ["balance_pack_costs"]
-
 _LONG_FRACTIONS = (16, 8, 4, 2)
 """Sequences of at least ``pack_size / f`` tokens are dealt by cost, shorter ones fill, for the first
 ``f`` whose result fits the budget of packs."""

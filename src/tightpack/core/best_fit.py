@@ -17,8 +17,6 @@ import numpy as np
 from tightpack.core import _firstfit
 from tightpack.core.pack_plan import PackPlan
 
-__all__ = ["COUNTING_SORT_SLACK", "best_fit_decreasing", "key_range_is_small"]
-
 # A counting sort needs an offsets array of (largest key + 2) int64 entries, bfd's histogram one of
 # (longest + 1). Either is used only while that array stays within the size of the sample index
 # arrays (plus this slack for small inputs); beyond it a comparison sort (numpy's) keeps memory

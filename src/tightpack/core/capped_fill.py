@@ -23,8 +23,6 @@ import numpy as np
 
 from tightpack.core.subset_fill import best_subset
 
-__all__ = ["capped_subset", "first_fit_decreasing_capped", "fits_cost", "pack_cost"]
-
 _SLACK = 8 * float(np.finfo(np.float64).eps)
 """Relative margin within which a float sum is too close to the cap to decide without `math.fsum`."""
 

@@ -6,8 +6,6 @@ import hashlib
 from pathlib import Path
 from typing import overload
 
-__all__ = ["file_digest", "sha256_and_count"]
-
 _BLOCK = 1 << 22
 
 

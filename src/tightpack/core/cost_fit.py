@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tightpack.core.cost_model import CostModel
 from tightpack.errors import TightpackError
@@ -93,10 +94,10 @@ class CostFit:
 
 
 def fit_cost_model(
-    sum_lengths,
-    sum_squares,
-    num_sequences,
-    seconds,
+    sum_lengths: ArrayLike,
+    sum_squares: ArrayLike,
+    num_sequences: ArrayLike,
+    seconds: ArrayLike,
     *,
     per_sequence: bool = True,
     unit: str = "seconds",

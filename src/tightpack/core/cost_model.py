@@ -24,7 +24,7 @@ import numpy as np
 from tightpack.core.planner import PackPlan
 from tightpack.errors import TightpackError
 
-__all__ = ["COST_MODELS", "CostModel", "CostSpread", "cost_spread"]
+__all__ = ["CostModel"]
 
 _FORMAT = "tightpack-cost-model/1"
 """The ``format`` key of a saved cost model; a file without it or with another one is rejected."""

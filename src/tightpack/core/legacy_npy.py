@@ -54,7 +54,7 @@ from numpy.lib import format as npy_format
 
 from tightpack.errors import TightpackError
 
-__all__ = ["read_legacy_npy", "write_legacy_npy"]
+__all__ = ["read_legacy_npy"]
 
 _REQUIRED_KEYS = ("input_ids", "loss_mask", "seq_start_id")
 _FIX_HINT = "regenerate it with tightpack, preferably as packed Parquet"

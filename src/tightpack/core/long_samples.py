@@ -20,8 +20,6 @@ from tightpack.core.parted_store import PartedStore, write_supervised
 from tightpack.core.token_store import TokenStore, TokenStoreWriter
 from tightpack.core.truncation import TruncationMethod, plan_truncation
 
-__all__ = ["REASONS_FILE", "LongSampleCut", "cut_long_samples", "gathered_cut", "kept_positions"]
-
 REASONS_FILE = "reasons.bin"
 """uint8 ``[cut samples]`` in an overlay folder: the `tightpack.core.truncation.REASONS` code of each."""
 

@@ -19,17 +19,6 @@ from typing import Any
 
 from tightpack.errors import TightpackError
 
-__all__ = [
-    "MANIFEST_NAME",
-    "METADATA_NAME",
-    "PackSettings",
-    "Recorded",
-    "metadata_near",
-    "read_manifest",
-    "read_metadata",
-    "read_pack_settings",
-]
-
 # The two files of an output folder besides its shards: tightpack's manifest and the reference's metadata.
 MANIFEST_NAME = "manifest.json"
 METADATA_NAME = "metadata.json"

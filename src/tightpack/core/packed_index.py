@@ -33,8 +33,6 @@ import pyarrow.parquet as pq
 
 from tightpack.errors import TightpackError
 
-__all__ = ["REQUIRED_COLUMNS", "PackedIndex", "check_shards", "flat_list_column", "index_key"]
-
 REQUIRED_COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 _FORMAT_VERSION = 1
 

@@ -38,18 +38,6 @@ from tightpack.core.planner import PackPlan
 from tightpack.core.ranges import in_ranges
 from tightpack.core.token_store import TokenStore
 
-__all__ = [
-    "COLUMNS",
-    "Overlay",
-    "PackedRows",
-    "Shard",
-    "default_row_group_size",
-    "gather_packs",
-    "shard_layout",
-    "write_packed_parquet",
-    "write_shard",
-]
-
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id", "sample_index", "seq_len")
 _CHUNK_TOKENS = 1 << 22  # tokens gathered per step: bounds the temporaries to ~100 MB
 

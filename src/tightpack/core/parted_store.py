@@ -23,8 +23,6 @@ import numpy as np
 
 from tightpack.core.token_store import TokenStore
 
-__all__ = ["SUPERVISED_FILE", "PartedStore", "write_supervised"]
-
 SUPERVISED_FILE = "supervised.bin"
 """int64 ``[num_samples]`` in a part folder: label-aligned supervised tokens of every sample
 (`TokenStore.label_supervised`), so that the driver never reads a loss mask."""

@@ -27,8 +27,6 @@ from pathlib import Path
 
 from tightpack.errors import TightpackError
 
-__all__ = ["default_cache_dir", "is_packed_parquet_spec", "packed_dataset_files", "resolve_parquet_spec"]
-
 
 def default_cache_dir() -> Path:
     """``$TIGHTPACK_CACHE``, else ``$XDG_CACHE_HOME/tightpack`` (default ``~/.cache/tightpack``)."""

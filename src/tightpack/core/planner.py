@@ -35,7 +35,7 @@ from tightpack.core.best_fit import best_fit_decreasing, key_range_is_small
 from tightpack.core.pack_plan import PackPlan
 from tightpack.errors import TightpackError
 
-__all__ = ["ALGORITHMS", "MAX_PACK_SIZE", "PackPlan", "plan_packs"]
+__all__ = ["ALGORITHMS", "PackPlan", "plan_packs"]
 
 MAX_PACK_SIZE = 2**31 - 1
 """Largest pack size ``plan_packs`` accepts: pack boundaries (``cu_seqlens``) are int32 downstream."""

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["in_ranges"]
-
 
 def in_ranges(starts, stops, size: int) -> np.ndarray:
     """Boolean ``[size]``: True inside any of the half-open ranges ``[starts[i], stops[i])``.

@@ -22,8 +22,6 @@ import numpy as np
 from tightpack.core.cost_model import CostModel
 from tightpack.errors import TightpackError
 
-__all__ = ["row_pack_costs", "row_runtime_lengths"]
-
 
 def row_runtime_lengths(
     row_offsets: np.ndarray, seq_start_id: np.ndarray, seq_offsets: np.ndarray

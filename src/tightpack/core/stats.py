@@ -14,7 +14,7 @@ import numpy as np
 
 from tightpack.core.planner import PackPlan
 
-__all__ = ["PackStats", "bounds_text", "l2_bound_of_counts", "l2_lower_bound", "pack_stats"]
+__all__ = ["PackStats", "pack_stats"]
 
 
 @dataclass(frozen=True)

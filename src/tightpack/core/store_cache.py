@@ -21,8 +21,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PID_FILE", "StoreCache", "claim", "sweep_stale"]
-
 PID_FILE = ".pid"  # in a work folder: the pid of the process writing it
 _CLAIMING = ".tightpack-claim-"  # + pid + "-" + random: a work folder before its pid file is written
 _INFO_FILE = "info.json"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["best_subset", "fill_groups"]
-
 
 def best_subset(lengths: Sequence[int], capacity: int, *, first: int | None = None) -> list[int]:
     """Indices of a subset of ``lengths`` with the largest sum that is at most ``capacity``.

@@ -28,8 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["STORE_FORMAT_VERSION", "Segments", "TokenStore", "TokenStoreWriter", "append_eos"]
-
 STORE_FORMAT_VERSION = 2
 _SUM_CHUNK_TOKENS = 1 << 24
 """Tokens summed per step by `TokenStore.label_supervised`, bounding its temporaries."""

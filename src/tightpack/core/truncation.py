@@ -84,18 +84,6 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = [
-    "ANSWER",
-    "KEEP",
-    "PROMPT",
-    "REASONS",
-    "ROUNDS_KEPT",
-    "TruncationMethod",
-    "TruncationPlan",
-    "keep_ranges",
-    "plan_truncation",
-]
-
 KEEP, PROMPT, ANSWER = 0, 1, 2
 #: Reason codes of `TruncationPlan.reasons`, by index.
 REASONS = ("prompt_trimmed", "turns_dropped", "answer_cut", "end_cut", "turns_kept")

@@ -20,8 +20,6 @@ from tightpack.core.truncation import ANSWER, KEEP, REASONS
 from tightpack.errors import TightpackError
 from tightpack.offline.config import PackConfig
 
-__all__ = ["LongSamplesError", "account_samples", "nothing_left", "truncation_loss_note"]
-
 
 class LongSamplesError(TightpackError):
     """``long_samples="error"`` met samples over the cap; ``fact`` says how many and the first one,

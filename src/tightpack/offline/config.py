@@ -11,7 +11,7 @@ from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.formats import FormatConfig
 
-__all__ = ["LongSamples", "OutputFormat", "PackConfig"]
+__all__ = ["PackConfig"]
 
 LongSamples = Literal["truncate", "drop", "error"]
 OutputFormat = Literal["parquet", "npy"]

@@ -25,8 +25,6 @@ from tightpack.offline.config import PackConfig
 from tightpack.offline.engines.base import Engine
 from tightpack.offline.output_folder import MANIFEST_FORMAT, METADATA_NAME
 
-__all__ = ["build_manifest", "write_packs"]
-
 _NPY_PACKS = 1024
 """Packs gathered per step for the legacy ``.npy``."""
 

@@ -43,16 +43,6 @@ from tightpack.core.pack_manifest import MANIFEST_NAME, METADATA_NAME
 from tightpack.core.store_cache import PID_FILE, sweep_stale
 from tightpack.errors import TightpackError
 
-__all__ = [
-    "MANIFEST_FORMAT",
-    "MANIFEST_NAME",
-    "METADATA_NAME",
-    "check_publishable",
-    "os_error_message",
-    "publish",
-    "sweep_work",
-]
-
 MANIFEST_FAMILY = "tightpack.packed/"  # any version of it marks a folder tightpack may replace
 MANIFEST_FORMAT = MANIFEST_FAMILY + "1"
 _SHOWN_NAMES = 5  # foreign files named in a refusal

@@ -24,8 +24,6 @@ try:
 except ImportError:  # Windows: no flock; runs are not serialized there
     fcntl = None
 
-__all__ = ["output_lock"]
-
 # Lock descriptors held by this process. A forked child (tokenization workers) closes its copies at
 # once: an flock belongs to the open file, so a worker outliving a killed run would keep it held.
 _HELD_LOCKS: set[int] = set()

@@ -22,8 +22,6 @@ from typing import Any
 from tightpack.core.cost_model import COST_MODELS
 from tightpack.offline.config import PackConfig
 
-__all__ = ["SETTING_FLAGS", "TOPOLOGY", "SettingFlag", "recorded_paths", "sample_flags"]
-
 TOPOLOGY = "topology"
 """A `SettingFlag.derived` reason: the re-pack takes it from the training configuration."""
 

@@ -59,16 +59,7 @@ from tightpack.prepare.tokenize import BadRow, TokenizeReport
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
 
-__all__ = [
-    "MANIFEST_NAME",
-    "METADATA_NAME",
-    "PackConfig",
-    "PackResult",
-    "Progress",
-    "TokenizedInputs",
-    "pack_dataset",
-    "tokenize_inputs",
-]
+__all__ = ["PackConfig", "PackResult", "pack_dataset"]
 
 
 class Progress(Protocol):

@@ -27,8 +27,6 @@ from tightpack.prepare.chunks import Chunk
 from tightpack.prepare.tokenize import BadRow, TokenizeReport, max_token_bytes, tokenize_to_store
 from tightpack.prepare.tokenizer import TokenizerSpec
 
-__all__ = ["same_samples", "same_texts", "store_key", "text_budget", "tokenize_reusing_store"]
-
 _TEXT_FORMATS = ("auto", "chat", "prompt-completion")
 
 

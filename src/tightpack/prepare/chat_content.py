@@ -52,16 +52,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "CHAT_ROLES",
-    "MESSAGE_KEYS",
-    "TOOL_CALL_PREFIX",
-    "TOOL_RESULT_PREFIX",
-    "ContentError",
-    "builtin_message_text",
-    "normalize_messages",
-]
-
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 TOOL_CALL_PREFIX = "<|tool_call|>"
 TOOL_RESULT_PREFIX = "<|tool_result|>"

@@ -11,8 +11,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CHUNK_BYTES", "Chunk", "InputFile", "Source", "line_chunks"]
-
 #: A JSONL chunk also ends once it holds this many bytes: progress advances at least every 256 KiB of
 #: input (long rows make 512-row chunks slow), and a chunk of giant rows holds few of them. Fixed, so
 #: the chunks (and the output) do not depend on the number of workers.

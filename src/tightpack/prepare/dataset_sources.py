@@ -18,8 +18,6 @@ from tightpack.errors import TightpackError
 from tightpack.prepare.chunks import Chunk, Source
 from tightpack.prepare.file_sources import PACKED_MARK
 
-__all__ = ["dataset_source", "datasets_kind", "pick_split", "rows_source", "saved_dataset"]
-
 
 def rows_source(
     rows: Callable[[], Iterable[Any]],

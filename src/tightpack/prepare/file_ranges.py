@@ -21,8 +21,6 @@ from typing import BinaryIO
 from tightpack.errors import TightpackError
 from tightpack.prepare.chunks import Chunk, Source, line_chunks
 
-__all__ = ["RANGE_BYTES", "FileRange", "file_ranges", "read_range"]
-
 #: The size of a range: a JSONL range spans this many bytes, a Parquet range gathers row groups
 #: until they hold this many (uncompressed). Read when a file is opened (`InputFile.range_bytes`).
 RANGE_BYTES = 1 << 25

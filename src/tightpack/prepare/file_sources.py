@@ -16,8 +16,6 @@ from tightpack.prepare import file_ranges
 from tightpack.prepare.chunks import Chunk, InputFile, Source, line_chunks
 from tightpack.prepare.file_ranges import numbered_lines, parquet_chunks
 
-__all__ = ["JSONL_SUFFIXES", "PARQUET_SUFFIXES", "file_source", "jsonl_source", "parquet_source"]
-
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 #: The column that makes a Parquet file packed data: tightpack's and Megatron-Bridge's packed rows

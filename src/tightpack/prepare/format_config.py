@@ -15,7 +15,7 @@ from tightpack.core.truncation import TruncationMethod
 from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.vision_rows import VisionSpec
 
-__all__ = ["ChatTruncation", "Format", "FormatConfig", "LossOn"]
+__all__ = ["FormatConfig"]
 
 Format = Literal["auto", "prompt-completion", "chat", "tokens"]
 LossOn = Literal["assistant", "last-turn", "all"]

@@ -38,14 +38,13 @@ import string
 from typing import Any
 
 from tightpack.core.truncation import ANSWER, KEEP, PROMPT
-from tightpack.prepare.chat_content import CHAT_ROLES
 from tightpack.prepare.chat_render import _render_chat
 from tightpack.prepare.format_config import FormatConfig
 from tightpack.prepare.pretokenized import TOKENS_KEY
 from tightpack.prepare.rendered import Rendered, RowError, _bounded
 from tightpack.prepare.vision_rows import MediaError, MediaItem, VisionSpec, vision_row
 
-__all__ = ["CHAT_ROLES", "FormatConfig", "Rendered", "RowError", "render_row", "row_kind", "run_format"]
+__all__ = ["FormatConfig"]
 
 
 def render_row(

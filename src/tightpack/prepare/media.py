@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["open_image", "picture_size"]
-
 
 def open_image(path: str | Path):
     """The picture at ``path`` as an RGB ``PIL.Image``, EXIF orientation applied (decoded fully).

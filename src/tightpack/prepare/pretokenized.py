@@ -17,8 +17,6 @@ import numpy as np
 from tightpack.core.token_store import append_eos
 from tightpack.errors import TightpackError
 
-__all__ = ["MASK_KEY", "TOKENS_KEY", "pretokenized_arrays"]
-
 TOKENS_KEY = "input_ids"
 MASK_KEY = "loss_mask"
 

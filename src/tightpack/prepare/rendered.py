@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 from tightpack.prepare.vision_rows import MediaItem
 
-__all__ = ["Rendered", "RowError"]
-
 
 class RowError(Exception):
     """A row that cannot be formatted; the caller adds the row's location."""

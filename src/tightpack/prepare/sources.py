@@ -30,7 +30,7 @@ from typing import Any
 
 from tightpack.core.checksums import sha256_and_count
 from tightpack.errors import TightpackError
-from tightpack.prepare.chunks import CHUNK_BYTES, Chunk, Source
+from tightpack.prepare.chunks import Source
 from tightpack.prepare.dataset_sources import (
     dataset_source,
     datasets_kind,
@@ -39,16 +39,6 @@ from tightpack.prepare.dataset_sources import (
     saved_dataset,
 )
 from tightpack.prepare.file_sources import file_source
-
-__all__ = [
-    "CHUNK_BYTES",
-    "DEFAULT_CORPUS_NAME",
-    "Chunk",
-    "Source",
-    "default_corpus",
-    "first_row",
-    "open_sources",
-]
 
 DEFAULT_CORPUS_NAME = "chitchat-dataset (embedded default)"
 

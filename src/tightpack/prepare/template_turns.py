@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Turn", "common_prefix", "locate_turns"]
-
 # Private-use characters: no real content starts or ends with them, so the shared start and end of
 # the two renderings stop exactly at the content.
 SENTINEL = "\ue000\ue001\ue000"

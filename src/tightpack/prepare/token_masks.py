@@ -18,8 +18,6 @@ from tightpack.core.ranges import in_ranges
 from tightpack.prepare.rendered import Rendered
 from tightpack.prepare.tokenizer import TokenizerSpec
 
-__all__ = ["byte_level_body", "encode_texts", "encode_with_offsets", "offsets_body"]
-
 
 def _supervised_tokens(encoding, text: str, spans, n_tokens: int) -> list[tuple[int, int]]:
     """Token ranges [first, stop) overlapping the character spans of ``text``.

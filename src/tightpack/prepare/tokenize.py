@@ -26,25 +26,12 @@ from tightpack.core.long_samples import LongSampleCut
 from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter, append_eos
 from tightpack.errors import TightpackError
 from tightpack.prepare.chat_render import reset_warnings
+from tightpack.prepare.chunks import Chunk
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row, row_kind
 from tightpack.prepare.pretokenized import pretokenized_arrays
-from tightpack.prepare.sources import Chunk
 from tightpack.prepare.token_masks import byte_level_body, encode_texts, encode_with_offsets, offsets_body
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.prepare.vision_tokens import VisionTokenIds, expand_vision_tokens
-
-__all__ = [
-    "BAD_ROW_PARAMETERS",
-    "BadRow",
-    "ChunkResult",
-    "Encoder",
-    "TokenizeReport",
-    "bad_row_error",
-    "encode_chunk",
-    "max_token_bytes",
-    "tokenize_chunk",
-    "tokenize_to_store",
-]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = ["MIN_VOCAB_SIZE", "ByteLevelLayout", "TokenizerSpec", "load_tokenizer"]
+__all__ = ["load_tokenizer"]
 
 #: Smaller vocabularies are refused: transformers 5 can build an empty tokenizer silently
 #: (``GPT2TokenizerFast(vocab_file=...)``), and packing with it would produce garbage without error.

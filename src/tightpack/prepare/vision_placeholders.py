@@ -16,8 +16,6 @@ from collections.abc import Iterable, Sequence
 
 from tightpack.errors import TightpackError, check_choice
 
-__all__ = ["QWEN_VL_TOKENS", "expand_vision_text", "frame_timestamps", "vision_token_count"]
-
 QWEN_VL_TOKENS = {
     "image": "<|image_pad|>",
     "video": "<|video_pad|>",

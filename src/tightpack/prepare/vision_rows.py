@@ -34,8 +34,6 @@ from tightpack.prepare.media import picture_size
 from tightpack.prepare.vision_placeholders import QWEN_VL_TOKENS, frame_timestamps
 from tightpack.prepare.vision_sizes import VisionSizes
 
-__all__ = ["MediaItem", "VisionSpec", "media_json", "parse_media_json", "reread_media_item", "vision_row"]
-
 
 class MediaError(ValueError):
     """A media part that cannot be used; `tightpack.prepare.formats` makes it the row's error."""

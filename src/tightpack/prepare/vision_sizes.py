@@ -22,8 +22,6 @@ from pathlib import Path
 
 from tightpack.errors import TightpackError, check_choice
 
-__all__ = ["VisionSizes", "fitted_size"]
-
 # Defaults per family: the installed transformers processor classes' (Qwen2VLImageProcessor,
 # Qwen2VLVideoProcessor, Qwen3VLVideoProcessor); Qwen3-VL images use Qwen2VLImageProcessor with the
 # settings of the published checkpoints' preprocessor_config.json (16-pixel patches, 256^2 to 4096^2).

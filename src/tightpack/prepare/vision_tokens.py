@@ -22,8 +22,6 @@ from tightpack.errors import TightpackError
 from tightpack.prepare.vision_placeholders import vision_token_count
 from tightpack.prepare.vision_rows import MediaItem, VisionSpec, media_json
 
-__all__ = ["VisionTokenIds", "expand_vision_tokens"]
-
 
 class VisionTokenIds:
     """The ids of the vision special tokens in a tokenizer, and its timestamp tokens (cached)."""

@@ -16,8 +16,6 @@ import numpy as np
 
 from tightpack.core.stats import bounds_text
 
-__all__ = ["SAME_TIME", "PackSizeComparison", "PackSizeRow", "recommend", "relative"]
-
 SAME_TIME = 0.01
 """Epoch times within this fraction of the fastest count as equally fast: the larger size wins."""
 

@@ -43,9 +43,7 @@ from tightpack.offline.config import PackConfig
 from tightpack.offline.pipeline import Progress, TokenizedInputs, plan_kept, tokenize_inputs
 from tightpack.offline.store_reuse import same_texts, text_budget
 from tightpack.prepare.tokenizer import TokenizerSpec
-from tightpack.reports.pack_size_rows import SAME_TIME, PackSizeComparison, PackSizeRow, recommend, relative
-
-__all__ = ["SAME_TIME", "PackSizeComparison", "PackSizeRow", "compare_pack_sizes"]
+from tightpack.reports.pack_size_rows import PackSizeComparison, PackSizeRow, recommend, relative
 
 DEFAULT_COST_MODEL = "llama-8b"
 

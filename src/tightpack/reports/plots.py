@@ -31,8 +31,6 @@ if TYPE_CHECKING:  # the annotations only: importing these costs matplotlib (and
     from tightpack.reports.pack_sizes import PackSizeComparison
     from tightpack.reports.summary import PackArrays
 
-__all__ = ["inspect_figure", "plan_figure", "require_matplotlib", "save_png", "write_html_report"]
-
 DPI = 100
 """Dots per inch of every PNG: the 11 x 9 inch plan figure is 1100 x 900 pixels, about 150 KB."""
 

@@ -18,20 +18,10 @@ import numpy as np
 
 from tightpack.core import legacy_npy
 from tightpack.core.cost_model import CostModel, cost_spread
-from tightpack.core.pack_manifest import read_manifest, read_metadata, read_pack_settings
+from tightpack.core.pack_manifest import read_manifest, read_pack_settings
 from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
-
-__all__ = [
-    "PackArrays",
-    "pack_costs",
-    "read_metadata",
-    "read_pack_arrays",
-    "sequence_runtime",
-    "summarize_pack_arrays",
-    "summarize_packed",
-]
 
 
 def _row_batches(path: str):

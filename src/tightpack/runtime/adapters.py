@@ -20,7 +20,7 @@ from tightpack.errors import TightpackError
 from tightpack.runtime import thd
 from tightpack.runtime.thd import physical_boundaries
 
-__all__ = ["PackedSeqParams", "physical_boundaries", "to_packed_seq_params"]
+__all__ = ["physical_boundaries", "to_packed_seq_params"]
 
 
 @dataclasses.dataclass

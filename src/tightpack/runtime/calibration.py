@@ -25,18 +25,7 @@ import torch
 from tightpack.core.cost_fit import CostFit, fit_cost_model
 from tightpack.errors import TightpackError
 
-__all__ = [
-    "DEFAULT_MODEL_CONFIG",
-    "DEFAULT_PACK_WIDTHS",
-    "VARLEN_ATTENTION",
-    "build_calibration_model",
-    "calibrate_cost_model",
-    "calibration_compositions",
-    "packed_inputs",
-    "register_varlen_attention",
-    "train_step",
-    "varlen_sdpa_attention",
-]
+__all__ = ["calibrate_cost_model"]
 
 VARLEN_ATTENTION = "tightpack_varlen"
 """The ``attn_implementation`` name under which `varlen_sdpa_attention` is registered."""

@@ -32,8 +32,6 @@ from tightpack.prepare.tokenize import ChunkResult
 from tightpack.prepare.vision_rows import parse_media_json
 from tightpack.runtime.online_config import LongSamples
 
-__all__ = ["COUNT_NAMES", "LOGGED_COUNTS", "LongSampleCounts", "LongSampleRules"]
-
 COUNT_NAMES = (
     "samples",
     "fed",

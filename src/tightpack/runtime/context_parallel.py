@@ -176,7 +176,9 @@ def cp_attention(
     """Document-causal attention for one context-parallel shard (a reference, for CPU tests).
 
     Args:
-        q, k, v: this rank's shard, ``[heads, n, dim]`` with ``n = T / cp_size``.
+        q: this rank's shard of the queries, ``[heads, n, dim]`` with ``n = T / cp_size``.
+        k: the keys of the same shard, ``[heads, n, dim]``.
+        v: the values of the same shard, ``[heads, n, dim]``.
         index: global row positions of the shard's tokens (`thd_partition_indices`).
         boundaries: the row's physical boundaries (global), 1-D.
         group: the context-parallel group (default: the whole world).

@@ -31,7 +31,7 @@ from tightpack.core.packed_index import PackedIndex, check_shards
 from tightpack.core.paths import default_cache_dir, resolve_parquet_spec
 from tightpack.errors import TightpackError
 
-__all__ = ["PackedDataset", "default_cache_dir"]
+__all__ = ["PackedDataset"]
 
 
 def _npy_rows(path: str) -> int:

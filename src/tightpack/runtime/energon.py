@@ -70,7 +70,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "install the extra with: pip install 'tightpack[energon]'"
     ) from error
 
-__all__ = ["STRATEGIES", "LongSampleError", "PackedSample", "PackingTaskEncoderMixin", "PreparedSample"]
+__all__ = ["LongSampleError", "PackedSample", "PackingTaskEncoderMixin", "PreparedSample"]
 
 STRATEGIES = ("fullest_first", "ffd")
 _DEPRECATED_STRATEGIES = {"best_fill": "fullest_first"}  # old name: new name

@@ -37,7 +37,7 @@ from tightpack.logs import logger
 from tightpack.runtime import thd
 from tightpack.runtime.equivalence.architectures import check_architecture
 from tightpack.runtime.equivalence.hf import ProbeReport, ProbeSkipped, check_packing, probe_enabled
-from tightpack.runtime.hf_kwargs import hf_packed_kwargs, hf_packed_vlm_kwargs, model_kwargs
+from tightpack.runtime.hf_kwargs import hf_packed_kwargs, model_kwargs
 from tightpack.runtime.transformers_releases import (
     RELEASE_FLOORS,
     check_family_release,
@@ -46,14 +46,7 @@ from tightpack.runtime.transformers_releases import (
     parse_release,
 )
 
-__all__ = [
-    "PACKED_ATTENTION",
-    "check_packable",
-    "check_packing",
-    "hf_packed_kwargs",
-    "hf_packed_vlm_kwargs",
-    "packed_forward",
-]
+__all__ = ["check_packable", "check_packing", "hf_packed_kwargs", "packed_forward"]
 
 # attention implementations that keep packed sequences apart when given positions and no 2-D mask
 # (on a recent enough transformers: `tightpack.runtime.transformers_releases`): eager, sdpa and flex

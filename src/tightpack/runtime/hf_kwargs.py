@@ -19,7 +19,7 @@ import torch
 from tightpack.errors import TightpackError
 from tightpack.runtime import thd
 
-__all__ = ["hf_packed_kwargs", "hf_packed_vlm_kwargs", "model_kwargs"]
+__all__ = ["hf_packed_kwargs"]
 
 _VISUAL_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 

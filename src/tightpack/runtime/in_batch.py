@@ -22,14 +22,7 @@ import torch
 from tightpack.core.alignment import ceil_to_multiple
 from tightpack.runtime import thd
 
-__all__ = [
-    "VISUAL_KEYS",
-    "build_thd_from_rows",
-    "pack_right_padded_batch",
-    "pack_samples",
-    "pad_or_truncate_batch",
-    "prepare_sequence_batch",
-]
+__all__ = ["build_thd_from_rows", "pack_right_padded_batch", "pack_samples", "pad_or_truncate_batch"]
 
 VISUAL_KEYS = (
     "pixel_values",

@@ -28,7 +28,7 @@ import torch
 
 from tightpack.errors import TightpackError, check_choice
 
-__all__ = ["MODELS", "RESUME_RULES", "QwenVLRope", "installed_resume_rule", "qwen_vl_positions"]
+__all__ = ["QwenVLRope", "qwen_vl_positions"]
 
 MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 RESUME_RULES = ("spatial_extent", "max_plus_one")

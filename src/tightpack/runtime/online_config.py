@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 from tightpack.core.cost_model import COST_MODELS, CostModel
 from tightpack.errors import TightpackError, check_choice
 
-__all__ = ["LongSamples", "OnlinePackConfig", "Strategy"]
+__all__ = ["OnlinePackConfig"]
 
 Strategy = Literal["best_fill", "ffd"]
 LongSamples = Literal["truncate", "drop", "error"]

@@ -25,7 +25,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "install the extra with: pip install 'tightpack[online]'"
     ) from error
 
-__all__ = ["OnlineLoader", "check_loader_state"]
+__all__ = ["OnlineLoader"]
 
 # torchdata's state layout (torchdata/stateful_dataloader/stateful_dataloader.py, 0.10 and 0.11).
 _SNAPSHOT, _MAIN, _WORKERS, _NUM_WORKERS = "_snapshot", "_main_snapshot", "_worker_snapshots", "_num_workers"

@@ -17,8 +17,6 @@ from tightpack.core.capped_fill import capped_subset, first_fit_decreasing_cappe
 from tightpack.core.planner import plan_packs
 from tightpack.core.subset_fill import best_subset
 
-__all__ = ["Candidate", "best_fill", "by_deadline", "closed_by_cost", "ffd_groups", "group_cost"]
-
 
 @dataclass
 class Candidate:

@@ -24,8 +24,6 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = ["PackRowError", "StoredRow", "read_pack_row"]
-
 _SHOWN = 5  # source samples named in a message
 
 

@@ -22,8 +22,6 @@ from typing import Any
 from tightpack.core.pack_manifest import PackSettings, Recorded
 from tightpack.errors import TightpackError
 
-__all__ = ["ResolvedSettings", "resolve_pack_settings"]
-
 
 @dataclass(frozen=True)
 class ResolvedSettings:

@@ -23,8 +23,6 @@ import numpy as np
 
 from tightpack.errors import TightpackError
 
-__all__ = ["ResumableSampler", "SamplerPass", "array_checksum"]
-
 
 def array_checksum(*arrays: np.ndarray) -> int:
     """CRC-32 of the arrays' values (as int64/float64 bytes): what a saved state is checked against.

@@ -35,7 +35,7 @@ from tightpack.runtime.collate_truncation import LongSampleCounts, LongSampleRul
 from tightpack.runtime.in_batch import build_thd_from_rows
 from tightpack.runtime.online_config import LongSamples
 
-__all__ = ["TextSFTCollator", "check_in_batch_loader", "shift_labels"]
+__all__ = ["TextSFTCollator"]
 
 LossMode = Literal["assistant", "last_turn", "full"]
 _LOSS_ON = {"assistant": "assistant", "last_turn": "last-turn", "full": "all"}

@@ -17,16 +17,6 @@ from importlib.metadata import PackageNotFoundError, version
 
 from tightpack.errors import TightpackError
 
-__all__ = [
-    "FAMILY_FLOORS",
-    "RELEASE_FLOORS",
-    "ReleaseFloor",
-    "check_family_release",
-    "check_release",
-    "installed_release",
-    "parse_release",
-]
-
 Release = tuple[int, int, int]
 
 

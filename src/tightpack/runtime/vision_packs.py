@@ -35,14 +35,7 @@ from tightpack.runtime.online_config import LongSamples
 from tightpack.runtime.sft_collate import shift_labels
 from tightpack.runtime.vlm import add_vision, pack_vlm_samples
 
-__all__ = [
-    "MediaLoader",
-    "VisionPackedDataset",
-    "VisionSFTCollator",
-    "load_visuals",
-    "open_picture",
-    "processor_media_loader",
-]
+__all__ = ["VisionPackedDataset", "VisionSFTCollator", "processor_media_loader"]
 
 MediaLoader = Callable[[MediaItem], dict[str, torch.Tensor]]
 """One image or video -> its visual tensors: ``pixel_values`` and ``image_grid_thw`` (``[1, 3]``), or

@@ -21,16 +21,7 @@ from tightpack.runtime import thd
 from tightpack.runtime.in_batch import VISUAL_KEYS, _ranks, pack_samples
 from tightpack.runtime.mrope import QwenVLRope, qwen_vl_positions
 
-__all__ = [
-    "VISUAL_KEYS",
-    "add_vision",
-    "expand_placeholders",
-    "moe_padding_mask",
-    "pack_vlm_samples",
-    "repack_position_ids",
-    "unpack_for_position_ids",
-    "visual_token_counts",
-]
+__all__ = ["pack_vlm_samples"]
 
 
 def _boundaries(

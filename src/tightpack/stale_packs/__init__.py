@@ -35,19 +35,8 @@ from tightpack.config import RunConfig, ValidationReport, load_config, validate
 from tightpack.config.derive import is_offline, packing_specs
 from tightpack.stale_packs.checker import run_checks
 from tightpack.stale_packs.context import CheckContext
-from tightpack.stale_packs.result import PackedDataCheck, PackedSplit
-from tightpack.stale_packs.rules import DATA_RULES, SAMPLE_ROWS, DataRule
-
-__all__ = [
-    "DATA_RULES",
-    "SAMPLE_ROWS",
-    "DataRule",
-    "PackedDataCheck",
-    "PackedSplit",
-    "check_packed_data",
-    "format_report",
-    "validate_with_packed_data",
-]
+from tightpack.stale_packs.result import PackedDataCheck, PackedSplit  # noqa: F401 (for the package's own modules; not public API)
+from tightpack.stale_packs.rules import DATA_RULES, SAMPLE_ROWS, DataRule  # noqa: F401 (for the package's own modules; not public API)
 
 
 def validate_with_packed_data(

@@ -33,10 +33,8 @@ from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
 from tightpack.verify.folder import check_coverage, check_manifest, check_metadata
 from tightpack.verify.media import check_media
-from tightpack.verify.report import VerifyReport, Violation
+from tightpack.verify.report import VerifyReport, Violation  # noqa: F401 (for the package's own modules; not public API)
 from tightpack.verify.rows import Totals, check_rows, npy_rows, parquet_rows
-
-__all__ = ["VerifyReport", "Violation", "verify_packed"]
 
 
 def verify_packed(

@@ -12,8 +12,6 @@ from tightpack.offline.output_folder import METADATA_NAME
 from tightpack.verify.report import VerifyReport
 from tightpack.verify.rows import Totals
 
-__all__ = ["check_coverage", "check_manifest", "check_metadata"]
-
 
 def check_metadata(
     entries: list[dict], settings: dict[str, Any], totals: Totals, report: VerifyReport

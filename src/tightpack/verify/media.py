@@ -20,8 +20,6 @@ from tightpack.prepare.vision_rows import MediaError, VisionSpec, parse_media_js
 from tightpack.prepare.vision_sizes import VisionSizes
 from tightpack.verify.report import VerifyReport
 
-__all__ = ["check_media"]
-
 
 def check_media(files: list[str], manifest: Mapping[str, Any] | None, report: VerifyReport) -> int:
     """Read every media item of the packs again; each fault is a ``media`` violation at its file, row

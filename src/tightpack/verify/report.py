@@ -6,8 +6,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["VerifyReport", "Violation"]
-
 
 @dataclass
 class Violation:

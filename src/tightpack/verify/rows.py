@@ -17,8 +17,6 @@ from tightpack.core import legacy_npy
 from tightpack.core.packed_index import REQUIRED_COLUMNS, flat_list_column
 from tightpack.verify.report import VerifyReport
 
-__all__ = ["Rows", "Totals", "check_rows", "npy_rows", "parquet_rows"]
-
 _NOT_BINARY = "loss_mask holds values other than 0 and 1"
 _NOT_LABEL_ALIGNED = (
     "loss_mask is 1 at the last stored token of the sequence: the mask is not label-aligned "

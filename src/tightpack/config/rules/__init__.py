@@ -10,6 +10,4 @@
 rendered from the registry by ``python -m tightpack.config.rules_table``.
 """
 
-from tightpack.config.rules.registry import ORDER, REGISTRY, RULES
-
-__all__ = ["ORDER", "REGISTRY", "RULES"]
+from tightpack.config.rules.registry import ORDER, REGISTRY, RULES  # noqa: F401 (for the package's own modules; not public API)

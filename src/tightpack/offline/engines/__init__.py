@@ -13,8 +13,6 @@ from tightpack.offline.config import PackConfig
 from tightpack.offline.engines import local, ray
 from tightpack.offline.engines.base import Engine, StartEngine
 
-__all__ = ["ENGINES", "Engine", "start_engine"]
-
 ENGINES: dict[str, StartEngine] = {"local": local.start, "ray": ray.start}
 """Each engine's ``start``, by the name ``PackConfig.engine`` gives it."""
 

@@ -34,8 +34,6 @@ from tightpack.prepare.sources import Source
 from tightpack.prepare.tokenize import TokenizeReport
 from tightpack.prepare.tokenizer import TokenizerSpec
 
-__all__ = ["CHUNK_ROWS", "Engine", "StartEngine", "read_chunks"]
-
 CHUNK_ROWS = 512
 """Rows per tokenization chunk; fixed, so the output does not depend on the number of workers."""
 

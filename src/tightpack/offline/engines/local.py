@@ -23,8 +23,6 @@ from tightpack.prepare.sources import Source
 from tightpack.prepare.tokenize import TokenizeReport
 from tightpack.prepare.tokenizer import TokenizerSpec
 
-__all__ = ["LocalEngine", "start"]
-
 
 class LocalEngine:
     """The local engine: an `tightpack.offline.engines.base.Engine` with nothing to set up."""

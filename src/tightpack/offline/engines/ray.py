@@ -54,12 +54,10 @@ from tightpack.errors import TightpackError
 from tightpack.offline.config import PackConfig
 from tightpack.offline.engines.base import CHUNK_ROWS, read_chunks
 from tightpack.offline.store_reuse import text_budget
+from tightpack.prepare.chunks import Chunk
 from tightpack.prepare.file_ranges import FileRange, file_ranges, read_range
-from tightpack.prepare.sources import Chunk
 from tightpack.prepare.tokenize import BadRow, Encoder, TokenizeReport, bad_row_error, encode_chunk
 from tightpack.prepare.tokenizer import TokenizerSpec
-
-__all__ = ["LongSamples", "RayEngine", "ShardWork", "ray_cluster", "shard_work", "start"]
 
 _NAMESPACE = "tightpack"
 _WRITE_RETRIES = 3

@@ -22,8 +22,6 @@ from typing import Any
 
 from tightpack.errors import TightpackError
 
-__all__ = ["UNPACKABLE", "check_architecture", "unpackable_reason"]
-
 _STATE = (
     "its {layers} layers carry state from one token to the next and transformers gives them no sequence "
     "boundaries, so every packed sequence starts from the state the one before it left"

@@ -41,16 +41,7 @@ from tightpack.runtime.equivalence.probe import (
 )
 from tightpack.runtime.hf_kwargs import model_kwargs as packed_forward_kwargs
 
-__all__ = [
-    "PROBE_ENV",
-    "check_label_boundaries",
-    "check_packing",
-    "describe_model",
-    "packed_row_bounds",
-    "probe_batch",
-    "probe_enabled",
-    "probe_model_inputs",
-]
+__all__ = ["check_packing"]
 
 PROBE_ENV = "TIGHTPACK_PROBE"  # "0" turns the automatic probes off
 # inputs the probe leaves out: targets (no loss is computed) and the visual tensors (its rows are text)

@@ -16,8 +16,6 @@ import torch
 
 from tightpack.runtime.equivalence.probe import LEAK_FRACTION, ProbeRows
 
-__all__ = ["locate_leak", "text_config"]
-
 _LAYER_KINDS = ("layer_types", "layers_block_type", "block_types")
 
 

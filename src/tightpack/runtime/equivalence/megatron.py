@@ -38,7 +38,7 @@ from tightpack.runtime.equivalence.probe import (
     sequence_boundaries,
 )
 
-__all__ = ["McoreForward", "check_mcore_packing"]
+__all__ = ["check_mcore_packing"]
 
 # (tokens [B, T], position_ids [B, T], PackedSeqParams or None) -> logits [B, T, V]
 McoreForward = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]

@@ -45,19 +45,7 @@ import torch
 
 from tightpack.errors import TightpackError
 
-__all__ = [
-    "GAP_FRACTION",
-    "LEAK_FRACTION",
-    "PackingLeakError",
-    "ProbeReport",
-    "ProbeRows",
-    "ProbeSkipped",
-    "eval_without_grad",
-    "probe_rows",
-    "restarting_positions",
-    "run_probe",
-    "sequence_boundaries",
-]
+__all__ = ["PackingLeakError", "ProbeReport"]
 
 LEAK_FRACTION = 1e-3  # cross_sequence may be at most this fraction of the leak of one causal mask
 GAP_FRACTION = 0.1  # unpacked_gap may be at most this fraction of the contaminated run's gap

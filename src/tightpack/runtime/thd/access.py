@@ -11,13 +11,11 @@ from tightpack.errors import TightpackError
 from tightpack.runtime.thd.contract import TOKEN_KEYS, Side, ThdBatchError, no_boundaries
 
 __all__ = [
-    "is_legacy",
     "is_packed",
     "logical_boundaries",
     "max_seqlen",
     "padded_boundaries",
     "physical_boundaries",
-    "scalar",
     "token_tensor",
 ]
 

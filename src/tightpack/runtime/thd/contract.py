@@ -11,16 +11,12 @@ from tightpack.errors import TightpackError
 
 __all__ = [
     "CONTRACT",
-    "CURRENT_KEYS",
     "LEGACY_KEYS",
     "METADATA_PREFIXES",
     "PADDED_KEYS",
-    "PER_TOKEN_KEYS",
     "TOKEN_KEYS",
     "KeySpec",
-    "Side",
     "ThdBatchError",
-    "no_boundaries",
 ]
 
 Side = Literal["q", "kv"]
