@@ -603,3 +603,13 @@ def test_make_demo_prints_the_readme_summary(tmp_path):
     for phrase in phrases:
         assert phrase in readme, phrase
     assert (tmp_path / "packed-demo" / "manifest.json").is_file()
+
+
+def test_every_relative_link_of_the_readme_names_a_file():
+    """The README is not part of the site, so the strict build does not check its links."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [target for target in targets if "://" not in target]
+    assert len(local) > 20
+    missing = [target for target in local if not (ROOT / target).exists()]
+    assert not missing, missing
