@@ -89,8 +89,8 @@ bench: $(VENV)/.installed-bench
 		TIGHTPACK_BENCH_MACHINE="$(BENCH_MACHINE)" $(PY) benchmarks/bench_$$name.py $(BENCH_SIZE) || exit 1; \
 		echo "== bench_$$name: $$(( $$(date +%s) - start )) s"; \
 	done
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python --target .mbref \
-		megatron-bridge==0.6.2 megatron-core==0.19.2 triton
+	test -d .mbref/megatron/bridge || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+		--ignore-requires-python --target .mbref megatron-bridge==0.6.2 megatron-core==0.19.2 triton
 	TIGHTPACK_BENCH_MACHINE="$(BENCH_MACHINE)" $(PY) benchmarks/bench_megatron_bridge_truncation.py \
 		--reference .mbref $(BENCH_SIZE)
 

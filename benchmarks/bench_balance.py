@@ -620,13 +620,13 @@ def result_tables(report: dict) -> dict:
                 (p["cost_spread"] if scorer is None else p["cost_spread_scored"][scorer])["cv"]
                 for p in plans.values()
             ]
-            name = f"{report['cost_model']['name']} (balanced with it)" if scorer is None else scorer
-            spread_rows.append(
-                [run["distribution"], run["pack_size"], name, " → ".join(f"{v:.3f}" for v in cv)]
-            )
+            packs = " → ".join(f"{p['packs']:,}" for p in plans.values())
+            cells = [run["distribution"], run["pack_size"], scorer_name(report, scorer), packs]
+            spread_rows.append([*cells, " → ".join(f"{v:.3f}" for v in cv)])
     if len(report["runs"][0]["plans"]) > 1:
-        title = "pack cost spread (coefficient of variation), bfd plan → balanced plan"
-        tables["plan_spread"] = table(["distribution", "pack size", "scored by", "cv"], spread_rows, title)
+        title = "packs and pack cost spread (coefficient of variation), bfd plan → balanced plan"
+        columns = ["distribution", "pack size", "scored by", "packs", "cost cv"]
+        tables["plan_spread"] = table(columns, spread_rows, title)
     timing_rows = [
         [entry["distribution"], entry["pack_size"], entry["dp"], entry["gbs"], name, r["ms_per_batch"],
          r["first_batch_ms"], r["after_first_ms_per_batch"]]

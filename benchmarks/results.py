@@ -50,9 +50,10 @@ def add_size_options(parser: argparse.ArgumentParser, name: str) -> None:
 def choose_size(args: argparse.Namespace, quick: dict[str, Any], full: dict[str, Any]) -> str:
     """Set every option in ``quick`` (or ``full`` with ``--full``) that the command line left ``None``.
 
-    Returns ``"quick"`` or ``"full"``; an option given on the command line wins over both sizes.
+    Returns ``"quick"`` or ``"full"`` (also for a benchmark of one size: ``quick == full``); an option
+    given on the command line wins over both sizes.
     """
-    size = FULL if args.full else QUICK
+    size = FULL if args.full or quick == full else QUICK
     for key, value in (full if args.full else quick).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -119,6 +120,20 @@ def git_commit() -> dict:
     return {"commit": commit or None, "modified": bool(changed)}
 
 
+def command_line(script: str, arguments: Sequence[str]) -> str:
+    """How to run the benchmark again: ``python benchmarks/SCRIPT ARGUMENTS``, without the options that
+    only say where the JSON goes (``--result PATH``, ``--json PATH``)."""
+    kept, skip = [], False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument in ("--result", "--json"):
+            skip = True
+        elif not argument.startswith(("--result=", "--json=")):
+            kept.append(argument)
+    return shlex.join(["python", f"benchmarks/{script}", *kept])
+
+
 def jsonable(value: Any) -> Any:
     """``value`` with paths as strings, numpy scalars and arrays as Python ones, non-finite floats as
     strings: what `json.dumps` writes and every JSON reader reads."""
@@ -159,7 +174,7 @@ def write_result(
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else f"bench_{name}.py"
     record = {
         "benchmark": name,
-        "command": shlex.join(["python", f"benchmarks/{script}", *sys.argv[1:]]),
+        "command": command_line(script, sys.argv[1:]),
         "size": size,
         "settings": {key: value for key, value in vars(args).items() if key not in ("result",)},
         "figures": figures,

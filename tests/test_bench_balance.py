@@ -112,6 +112,20 @@ def test_balanced_plan_rows_are_the_same_samplers_over_the_rewritten_plan(bench)
     for row in run["rows"]:
         assert set(row["results"]) == set(report["contenders"])
         assert "goal_balanced_plan" in row
+    tables = bench.result_tables(report)
+    assert set(tables) == {"regroup", "deal", "plan_regroup", "plan_spread", "timing"}
+    spread = tables["plan_spread"]["rows"]
+    assert [row[2] for row in spread] == ["llama-8b (balanced with it)", *bench.SCORERS]
+    assert spread[0][3] == f"{plans['bfd']['packs']:,} → {plans['balanced']['packs']:,}"
+    assert (
+        spread[0][4]
+        == f"{plans['bfd']['cost_spread']['cv']:.3f} → {plans['balanced']['cost_spread']['cv']:.3f}"
+    )
+    first = tables["plan_regroup"]["rows"][0]
+    baseline, balanced = (
+        run["rows"][0]["results"][name]["overhead"] for name in ("baseline", "plan+regroup")
+    )
+    assert first[3] == f"{bench.percent(baseline)} → {bench.percent(balanced)}"
 
 
 def test_cli_quick_writes_json(bench, monkeypatch, tmp_path, capsys):

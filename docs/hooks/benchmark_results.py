@@ -1,7 +1,8 @@
 """An mkdocs hook: the benchmarks' committed JSON results (``benchmarks/results/``) rendered into pages.
 
 A line ``<!-- benchmark: NAME -->`` in a page becomes the figures of ``benchmarks/results/NAME.json``
-(its headline figures and every table), and ``<!-- benchmark: NAME table=KEY -->`` one table of it;
+(its headline figures and every table), ``<!-- benchmark: NAME table=KEY -->`` one table of it, and
+``<!-- benchmark: NAME table=figures -->`` its headline figures alone;
 each with the command that produced it, its size, the machine, the date and the commit. A marker
 whose file is missing, or whose table is not in it, fails the build (`BenchmarkResultError`), so a
 page never shows a figure that no committed run produced.
@@ -17,6 +18,10 @@ from typing import Any
 from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!-- benchmark: (?P<name>[\w.-]+)(?: table=(?P<table>[\w.-]+))? -->$", re.MULTILINE)
+
+
+FIGURES = "figures"
+"""The ``table=`` value that renders a result's headline figures alone."""
 
 
 class BenchmarkResultError(PluginError):
@@ -65,11 +70,11 @@ def provenance(record: dict) -> str:
 def render(record: dict, table: str | None = None) -> str:
     """The Markdown of one result, or of its table ``table``."""
     blocks = []
-    if table is None:
+    if table in (None, FIGURES):
         figures = record.get("figures") or {}
         if figures:
             blocks.append(markdown_table(["figure", "value"], [[k, v] for k, v in figures.items()]))
-        keys = list(record.get("tables") or {})
+        keys = list(record.get("tables") or {}) if table is None else []
     else:
         keys = [table]
     for key in keys:
@@ -96,7 +101,7 @@ def render_markers(markdown: str, results: Path, page: str = "a page") -> str:
     def replace(match: re.Match) -> str:
         name, table = match["name"], match["table"]
         record = load(results, name)
-        if table is not None and table not in (record.get("tables") or {}):
+        if table not in (None, FIGURES) and table not in (record.get("tables") or {}):
             raise BenchmarkResultError(
                 f"{page} asks for table {table!r} of benchmarks/results/{name}.json, which has "
                 f"{sorted(record.get('tables') or {})}"
