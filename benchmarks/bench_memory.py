@@ -144,8 +144,8 @@ def main() -> None:
         scratch = Path(scratch)
         corpus = scratch / "corpus.parquet"
         samples, tokens = write_corpus(corpus, args.tokens, args.pack_size, args.seed)
-        size = corpus.stat().st_size / MIB
-        print(f"synthetic corpus: {samples:,} samples, {tokens:,} tokens, {size:,.0f} MiB")
+        corpus_mib = corpus.stat().st_size / MIB
+        print(f"synthetic corpus: {samples:,} samples, {tokens:,} tokens, {corpus_mib:,.0f} MiB")
         # The store is kept (--reuse, the default) in a private cache, so that it can be measured.
         env = {**os.environ, "TIGHTPACK_CACHE": str(scratch / "cache")}
         command = [tightpack, "pack", str(corpus), "--format", "tokens", "--pack-size", str(args.pack_size)]
