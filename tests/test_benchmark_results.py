@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -119,3 +121,34 @@ def test_make_bench_runs_every_benchmark_the_docs_quote():
         quoted |= set(re.findall(r"bench_(\w+)\.py", path.read_text(encoding="utf-8")))
     quoted |= {name for _, name, _ in _markers()}
     assert quoted <= run, sorted(quoted - run)
+
+
+def _build(site_root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1", "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site_root / "site")],
+        cwd=site_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_site_built_with_the_hook_shows_the_result_and_fails_without_it(tmp_path, monkeypatch):
+    """A one-page mkdocs site with the hook: the built page holds the JSON's value; without the JSON
+    the strict build fails, naming the missing file."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text(
+        "# Figures\n\n<!-- benchmark: example -->\n", encoding="utf-8"
+    )
+    hook_path = ROOT / "docs" / "hooks" / "benchmark_results.py"
+    (tmp_path / "mkdocs.yml").write_text(f"site_name: t\nhooks:\n  - {hook_path}\n", encoding="utf-8")
+    path = _record(tmp_path / "benchmarks" / "results", monkeypatch)
+    result = _build(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    page = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "1,234,567" in page and "bench_example.py" in page and "2 cores shared with other jobs" in page
+    path.unlink()
+    result = _build(tmp_path)
+    assert result.returncode != 0 and "example.json is missing" in result.stdout + result.stderr
