@@ -75,21 +75,24 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
+# Every benchmark the docs quote, each writing its JSON result into benchmarks/results/ (the docs'
+# benchmarks page is rendered from those files). A quick size by default; `make bench FULL=1` runs the
+# sizes the docs quote (hours on 2 cores). BENCH_MACHINE: a few words the record keeps about the machine.
+BENCH_SIZE := $(if $(FULL),--full,)
+BENCH_MACHINE ?= $(TIGHTPACK_BENCH_MACHINE)
+BENCHES := planner pipeline memory runtime token_budget online mrope probe chat_templates \
+	collate_truncation training balance balance_steps engines driver_memory scaling
 bench: $(VENV)/.installed-bench
-	$(PY) benchmarks/bench_planner.py
-	$(PY) benchmarks/bench_pipeline.py
-	$(PY) benchmarks/bench_memory.py
-	$(PY) benchmarks/bench_runtime.py
-	$(PY) benchmarks/bench_token_budget.py
-	$(PY) benchmarks/bench_online.py
-	$(PY) benchmarks/bench_mrope.py
-	$(PY) benchmarks/bench_probe.py
-	$(PY) benchmarks/bench_chat_templates.py
-	$(PY) benchmarks/bench_collate_truncation.py
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --ignore-requires-python --target .mbref \
-		megatron-bridge==0.6.2 megatron-core==0.19.2 triton
-	$(PY) benchmarks/bench_megatron_bridge_truncation.py --reference .mbref
-	$(PY) benchmarks/bench_training.py
+	@for name in $(BENCHES); do \
+		echo "== benchmarks/bench_$$name.py $(BENCH_SIZE)"; \
+		start=$$(date +%s); \
+		TIGHTPACK_BENCH_MACHINE="$(BENCH_MACHINE)" $(PY) benchmarks/bench_$$name.py $(BENCH_SIZE) || exit 1; \
+		echo "== bench_$$name: $$(( $$(date +%s) - start )) s"; \
+	done
+	test -d .mbref/megatron/bridge || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+		--ignore-requires-python --target .mbref megatron-bridge==0.6.2 megatron-core==0.19.2 triton
+	TIGHTPACK_BENCH_MACHINE="$(BENCH_MACHINE)" $(PY) benchmarks/bench_megatron_bridge_truncation.py \
+		--reference .mbref $(BENCH_SIZE)
 
 clean:
 	rm -rf $(VENV) $(OLDEST) .mbref build site src/*.egg-info src/tightpack/core/*.so packed-demo

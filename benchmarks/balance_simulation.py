@@ -103,9 +103,27 @@ def verify_simulation(seed: int) -> dict[str, bool]:
     return checks
 
 
-def overhead(contender: str, costs: np.ndarray, dp: int, gbs: int, seed: int, epochs: int) -> dict:
-    """Straggler overhead of one contender over ``epochs`` epochs, with the step count."""
-    rank_costs = np.concatenate(
-        [costs[simulate(contender, costs, dp, gbs, seed, epoch)].sum(axis=2) for epoch in range(epochs)]
-    )  # [steps, DP]
-    return {"overhead": straggler_overhead(rank_costs), "steps": len(rank_costs)}
+def overhead(
+    contender: str,
+    costs: np.ndarray,
+    dp: int,
+    gbs: int,
+    seed: int,
+    epochs: int,
+    scored_by: dict[str, np.ndarray] | None = None,
+) -> dict:
+    """Straggler overhead of one contender over ``epochs`` epochs, with the step count.
+
+    The contender deals by ``costs``. ``scored_by`` (name -> the same packs' costs under another cost
+    model) scores that same dealing again under each: ``result["scored"][name]`` is its overhead
+    there, a prediction by a model that did not choose the dealing.
+    """
+    dealt = np.concatenate(
+        [simulate(contender, costs, dp, gbs, seed, epoch) for epoch in range(epochs)]
+    )  # [steps, DP, GBS / DP]
+    result = {"overhead": straggler_overhead(costs[dealt].sum(axis=2)), "steps": len(dealt)}
+    if scored_by is not None:
+        result["scored"] = {
+            name: straggler_overhead(other[dealt].sum(axis=2)) for name, other in scored_by.items()
+        }
+    return result

@@ -46,15 +46,23 @@ epoch's time over its steps, best (minimum) of ``--repeats`` interleaved rounds,
 the first batch (the regrouping runs at the epoch's start). The goal is at most 1 ms per global batch.
 Construction (a copy and a check of the costs, once per run) is not timed.
 
-Benchmarks report, they never assert::
+Scored by other cost models: every dealing (and the balanced plan) is chosen with ``llama-8b``'s costs,
+so its own overhead is what that model predicts for the dealing it chose, near 0 by construction.
+The same dealings of the same packs are scored again with models that did not choose them
+(`SCORERS`: ``llama-1b``, a token-only model, and one whose ``s**2`` term dominates above 4,096
+tokens): each row's ``results[contender]["scored"][name]``, and the ``scored`` tables. All of them
+are cost-model predictions; `bench_balance_steps.py` measures real step times.
 
-    .venv/bin/python benchmarks/bench_balance.py --json balance.json
+Quick (the default): DP 4 and 8, pack size 4,096, 10 steps, timings at DP 8; ``--full``: the grid the
+docs quote (DP 8, 32, 128; pack sizes 4k to 32k; 50 steps; timings at DP 128). Benchmarks report,
+they never assert::
+
+    .venv/bin/python benchmarks/bench_balance.py --full
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -67,6 +75,7 @@ import numpy as np
 
 from balance_simulation import BASELINE, DEAL, REGROUP, baseline_sampler, overhead, verify_simulation
 from demo_lengths import demo_runtime_lengths
+from results import add_size_options, choose_size, table, write_result
 from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.cost_model import CostModel, cost_spread
 from tightpack.core.planner import PackPlan, plan_packs
@@ -82,6 +91,15 @@ GOAL_BASELINE_ABOVE = 0.05
 GOAL_AT_MOST = 0.02
 LONG_FRACTION = 0.05
 LOGNORMAL_MEAN, LOGNORMAL_SIGMA = 6.0, 1.3
+ATTENTION_FROM = 4096
+SCORERS: dict[str, CostModel] = {
+    "llama-1b": CostModel.named("llama-1b"),
+    "tokens only": CostModel(linear=1.0, quadratic=0.0, unit="tokens"),
+    f"s² above {ATTENTION_FROM:,}": CostModel(linear=float(ATTENTION_FROM), quadratic=1.0, unit="tokens²"),
+}
+"""Cost models that score the dealings chosen with `COST_MODEL`'s costs: Llama-3.2-1B's FLOPs (attention
+weighs more: crossover 37,712 tokens against 57,256), tokens alone (no attention term), and a model whose
+quadratic term equals the linear one at 4,096 tokens and dominates above."""
 
 
 # --- lengths and plans -------------------------------------------------------------------------------
@@ -143,8 +161,13 @@ def run_pack_size(
     model: CostModel,
     balance_plan: Callable | None,
     demo: np.ndarray | None,
+    scorers: dict[str, CostModel] | None = None,
 ) -> tuple[dict, np.ndarray]:
-    """One plan (and its balanced rewrite, if any) dealt at every DP and GBS; also returns its costs."""
+    """One plan (and its balanced rewrite, if any) dealt at every DP and GBS; also returns its costs.
+
+    ``scorers``: other cost models that score every dealing again (`SCORERS`).
+    """
+    scorers = {} if scorers is None else scorers
     start = time.perf_counter()
     min_packs = min_steps * max(dps) * max(PER_RANK)
     n = samples if samples is not None else samples_for(distribution, pack_size, min_packs, seed, demo)
@@ -162,11 +185,16 @@ def run_pack_size(
         balanced = balance_plan(plan, lengths, pack_size, model)
         balance_seconds = time.perf_counter() - balance_start
         plans["balanced"] = (balanced, model.pack_costs(balanced, lengths))
+    scored = {  # plan name -> scorer -> the plan's pack costs under that scorer
+        name: {scorer: other.pack_costs(p, lengths) for scorer, other in scorers.items()}
+        for name, (p, _) in plans.items()
+    }
     plan_stats = {
         name: {
             "packs": len(p),
             "fill": float(lengths.sum()) / (len(p) * pack_size),
             "cost_spread": spread_dict(c),
+            "cost_spread_scored": {scorer: spread_dict(other) for scorer, other in scored[name].items()},
             # every sample exactly once, no pack above pack_size: a rewrite that broke this would not compare
             "valid": bool(
                 len(p.order) == n
@@ -187,11 +215,11 @@ def run_pack_size(
                 continue
             results = {}
             for contender in (BASELINE, DEAL, REGROUP):
-                results[contender] = overhead(contender, costs, dp, gbs, seed, epochs)
+                results[contender] = overhead(contender, costs, dp, gbs, seed, epochs, scored["bfd"])
             if "balanced" in plans:
-                balanced_costs = plans["balanced"][1]
-                results[PLAN_DEAL] = overhead(DEAL, balanced_costs, dp, gbs, seed, epochs)
-                results[PLAN_REGROUP] = overhead(REGROUP, balanced_costs, dp, gbs, seed, epochs)
+                balanced_costs, again = plans["balanced"][1], scored["balanced"]
+                results[PLAN_DEAL] = overhead(DEAL, balanced_costs, dp, gbs, seed, epochs, again)
+                results[PLAN_REGROUP] = overhead(REGROUP, balanced_costs, dp, gbs, seed, epochs, again)
             row["results"] = results
             row["steps"] = results[BASELINE]["steps"]
             row["goal"] = goal(results[BASELINE]["overhead"], results[GOAL_CONTENDER]["overhead"])
@@ -292,11 +320,14 @@ def run_benchmark(
     timing_gbs: list[int] | None = None,
     timing_pack_size: int = 8192,
     repeats: int = 3,
+    scorers: dict[str, CostModel] | None = None,
 ) -> dict:
     """Every distribution and pack size, then the sampler timings; returns a JSON-ready report.
 
     ``balanced_plan``: add the contenders over `balance_pack_costs`'s rewrite of each plan.
+    ``scorers``: the cost models that score every dealing again (default `SCORERS`).
     """
+    scorers = SCORERS if scorers is None else scorers
     start = time.perf_counter()
     balance_plan = balance_pack_costs if balanced_plan else None
     model = CostModel.named(COST_MODEL)
@@ -317,6 +348,7 @@ def run_benchmark(
                 model=model,
                 balance_plan=balance_plan,
                 demo=demo,
+                scorers=scorers,
             )
             runs.append(run)
             if pack_size == timing_pack_size:
@@ -359,6 +391,17 @@ def run_benchmark(
                 "dp": dp,
                 "gbs": gbs,
             }
+    worst_scored = {
+        scorer: {
+            contender: max(
+                (row["results"][contender]["scored"][scorer] for run in runs for row in run["rows"]
+                 if "results" in row),
+                default=None,
+            )
+            for contender in contenders
+        }
+        for scorer in scorers
+    }  # fmt: skip
     goals = [row["goal"] for run in runs for row in run["rows"] if "goal" in row]
     return {
         "metric": "straggler overhead: sum_steps max-rank cost / sum_steps mean-rank cost - 1",
@@ -369,6 +412,10 @@ def run_benchmark(
             "per_sequence": model.per_sequence,
             "unit": model.unit,
             "crossover_length": model.crossover_length(),
+        },
+        "scorers": {
+            name: {**other.to_dict(), "crossover_length": other.crossover_length()}
+            for name, other in scorers.items()
         },
         "planner": "bfd",
         "dps": dps,
@@ -393,6 +440,7 @@ def run_benchmark(
         "simulation_check": verification,
         "runs": runs,
         "worst": worst,
+        "worst_scored": worst_scored,
         "timing": {"repeats": repeats, "statistic": "best (min) of interleaved rounds", "runs": timings},
         "machine": {
             "python": platform.python_version(),
@@ -472,6 +520,11 @@ def print_report(report: dict) -> None:
             for name, w in report["worst"].items()
         )
     )
+    for scorer, worst in report["worst_scored"].items():
+        print(
+            f"the same dealings scored by {scorer}, worst overhead: "
+            + "; ".join(f"{name} {percent(value)}" for name, value in worst.items() if value is not None)
+        )
     counts = report["goal_counts"]
     print(
         f"goal ({report['goal'].split(';')[0]}): {counts['ok']} ok, {counts['MISS']} MISS, "
@@ -514,14 +567,82 @@ def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
 
+QUICK = {
+    "dp": [4, 8], "pack_sizes": [4096], "min_steps": 10,
+    "timing_dp": 8, "timing_gbs": [32, 128], "timing_pack_size": 4096, "repeats": 1,
+}  # fmt: skip
+FULL = {
+    "dp": [8, 32, 128], "pack_sizes": [4096, 8192, 16384, 32768], "min_steps": 50,
+    "timing_dp": 128, "timing_gbs": [512, 2048], "timing_pack_size": 8192, "repeats": 3,
+}  # fmt: skip
+
+
+def arrow(row: dict, contender: str, scorer: str | None) -> str:
+    """``baseline -> contender`` overheads of one row, scored by ``scorer`` (None: the balancing model)."""
+
+    def value(name: str) -> float:
+        result = row["results"][name]
+        return result["overhead"] if scorer is None else result["scored"][scorer]
+
+    return f"{percent(value(BASELINE))} → {percent(value(contender))}"
+
+
+def scorer_name(report: dict, scorer: str | None) -> str:
+    return f"{report['cost_model']['name']} (balanced with it)" if scorer is None else scorer
+
+
+def result_tables(report: dict) -> dict:
+    """The tables of the JSON result: overheads self-scored and scored by `SCORERS`, plan spreads, timing."""
+    cells = [(row["dp"], row["gbs"]) for row in report["runs"][0]["rows"]]
+    columns = ["distribution", "pack size", "scored by"] + [f"DP {dp}, GBS {gbs}" for dp, gbs in cells]
+    scorers = [None, *report["scorers"]]
+    tables = {}
+    for key, contender, what in (
+        ("regroup", REGROUP, "BalancedPackedBatchSampler (regroup, the default)"),
+        ("deal", DEAL, "BalancedPackedBatchSampler(regroup=False)"),
+        ("plan_regroup", PLAN_REGROUP, "balanced plan + BalancedPackedBatchSampler"),
+    ):
+        if contender not in report["contenders"]:
+            continue
+        rows = [
+            [run["distribution"], run["pack_size"], scorer_name(report, scorer)]
+            + [arrow(row, contender, scorer) if "results" in row else row["skipped"] for row in run["rows"]]
+            for run in report["runs"]
+            for scorer in scorers
+        ]
+        title = f"straggler overhead predicted by each cost model: baseline → {what}"
+        tables[key] = table(columns, rows, title)
+    spread_rows = []
+    for run in report["runs"]:
+        plans = run["plans"]
+        for scorer in scorers:
+            cv = [
+                (p["cost_spread"] if scorer is None else p["cost_spread_scored"][scorer])["cv"]
+                for p in plans.values()
+            ]
+            packs = " → ".join(f"{p['packs']:,}" for p in plans.values())
+            cells = [run["distribution"], run["pack_size"], scorer_name(report, scorer), packs]
+            spread_rows.append([*cells, " → ".join(f"{v:.3f}" for v in cv)])
+    if len(report["runs"][0]["plans"]) > 1:
+        title = "packs and pack cost spread (coefficient of variation), bfd plan → balanced plan"
+        columns = ["distribution", "pack size", "scored by", "packs", "cost cv"]
+        tables["plan_spread"] = table(columns, spread_rows, title)
+    timing_rows = [
+        [entry["distribution"], entry["pack_size"], entry["dp"], entry["gbs"], name, r["ms_per_batch"],
+         r["first_batch_ms"], r["after_first_ms_per_batch"]]
+        for entry in report["timing"]["runs"] if "results" in entry
+        for name, r in entry["results"].items()
+    ]  # fmt: skip
+    columns = ["distribution", "pack size", "DP", "GBS", "sampler", "ms per global batch", "first batch ms",
+               "ms per batch after the first"]  # fmt: skip
+    tables["timing"] = table(columns, timing_rows, "sampler cost: rank 0 iterating one epoch")
+    return tables
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--dp", type=int_list, default=[8, 32, 128], help="data-parallel sizes, comma-separated"
-    )
-    parser.add_argument(
-        "--pack-sizes", type=int_list, default=[4096, 8192, 16384, 32768], help="pack sizes, comma-separated"
-    )
+    parser.add_argument("--dp", type=int_list, default=None, help="data-parallel sizes, comma-separated")
+    parser.add_argument("--pack-sizes", type=int_list, default=None, help="pack sizes, comma-separated")
     parser.add_argument(
         "--distributions", nargs="+", choices=DISTRIBUTIONS, default=list(DISTRIBUTIONS), metavar="NAME"
     )
@@ -529,7 +650,7 @@ def main() -> None:
         "--samples", type=int, default=None, help="lengths per plan (default: enough for --min-steps)"
     )
     parser.add_argument(
-        "--min-steps", type=int, default=50, help="global batches of the largest GBS per epoch (sets N)"
+        "--min-steps", type=int, default=None, help="global batches of the largest GBS per epoch (sets N)"
     )
     parser.add_argument("--epochs", type=int, default=1, help="epochs dealt per configuration")
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths and of the samplers")
@@ -539,20 +660,17 @@ def main() -> None:
         default=True,
         help="add plan+deal / plan+regroup over the cost-balanced rewrite of each plan (default: yes)",
     )
-    parser.add_argument("--timing-dp", type=int, default=128, help="DP of the sampler timings")
+    parser.add_argument("--timing-dp", type=int, default=None, help="DP of the sampler timings")
+    parser.add_argument("--timing-gbs", type=int_list, default=None, help="GBS of the sampler timings")
+    parser.add_argument("--timing-pack-size", type=int, default=None, help="pack size of the sampler timings")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (the best is reported)")
+    parser.add_argument("--quick", action="store_true", help="the quick size (the default; see --full)")
+    add_size_options(parser, "balance")
     parser.add_argument(
-        "--timing-gbs", type=int_list, default=[512, 2048], help="GBS of the sampler timings, comma-separated"
+        "--json", dest="result", type=Path, default=argparse.SUPPRESS, help="the same as --result"
     )
-    parser.add_argument("--timing-pack-size", type=int, default=8192, help="pack size of the sampler timings")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (the best is reported)")
-    parser.add_argument(
-        "--quick", action="store_true", help="a small grid (DP 4 and 8, pack 4096, 10 steps) for a smoke test"
-    )
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results here")
     args = parser.parse_args()
-    if args.quick:
-        args.dp, args.pack_sizes, args.min_steps = [4, 8], [4096], 10
-        args.timing_dp, args.timing_gbs, args.timing_pack_size, args.repeats = 8, [32, 128], 4096, 1
+    size = choose_size(args, QUICK, FULL)
     report = run_benchmark(
         dps=args.dp,
         pack_sizes=args.pack_sizes,
@@ -568,9 +686,14 @@ def main() -> None:
         repeats=args.repeats,
     )
     print_report(report)
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        print(f"\nwrote {args.json}")
+    figures = {
+        f"worst {name} overhead, predicted by {report['cost_model']['name']} (%)": 100 * w["overhead"]
+        for name, w in report["worst"].items()
+    }
+    for scorer, worst in report["worst_scored"].items():
+        figures |= {f"worst {name} overhead, predicted by {scorer} (%)": 100 * v for name, v in worst.items()}
+    write_result("balance", args, size, figures=figures, tables=result_tables(report), report=report,
+                 seconds=report["wall_seconds"])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ its wall time adds the gradient all-reduce. The prediction: the same dealing of 
 costed by the cost model (plus its per-pack intercept), max over ranks per step, and
 `tightpack.core.balance.straggler_overhead`.
 
-    .venv/bin/python benchmarks/bench_balance_steps.py [--steps 24] [--global-batch-size 4]
-        [--pack-size 2048] [--seed 0] [--cost-model FILE] [--json]
+Quick: 8 steps of packs of up to 1,024 tokens; ``--full``: the documented 30 steps of up to 4,096.
+
+    .venv/bin/python benchmarks/bench_balance_steps.py [--full] [--global-batch-size 4]
+        [--seed 0] [--cost-model FILE] [--json]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from results import add_size_options, choose_size, table, write_result
 from tightpack.core.balance import straggler_overhead
 from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import plan_packs
@@ -191,14 +194,19 @@ def predicted_rank_costs(dealt: list[list[list[int]]], costs: np.ndarray, per_pa
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=None, help="steps of each sampler (quick 8, full 30)")
     parser.add_argument("--global-batch-size", type=int, default=4)
-    parser.add_argument("--pack-size", type=int, default=2048)
+    parser.add_argument("--pack-size", type=int, default=None, help="pack size (quick 1,024, full 4,096)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cost-model", help="a cost model JSON (seconds); default: calibrate first")
     parser.add_argument("--model-config", default="{}", help="LlamaConfig overrides, JSON")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_size_options(parser, "balance_steps")
     args = parser.parse_args(argv)
+    args.size = choose_size(
+        args, quick={"steps": 8, "pack_size": 1024}, full={"steps": 30, "pack_size": 4096}
+    )
+    started = time.perf_counter()
     model_config = json.loads(args.model_config)
 
     needed = args.steps * args.global_batch_size
@@ -278,7 +286,37 @@ def main(argv: list[str] | None = None) -> dict:
         "predicted_mean_rank_ms",
     ):
         report[f"ratio_{key}"] = report["balanced"][key] / report["baseline"][key]
+    save(report, args, time.perf_counter() - started)
     return report
+
+
+def save(report: dict, args: argparse.Namespace, seconds: float) -> None:
+    """The JSON result: measured and predicted straggler overheads, the noise floor, the step times."""
+    base, balanced = report["baseline"], report["balanced"]
+    figures = {
+        "straggler overhead measured, baseline (%)": 100 * base["measured_straggler_overhead"],
+        "straggler overhead measured, balanced (%)": 100 * balanced["measured_straggler_overhead"],
+        "noise floor: both ranks the same packs (%)": 100 * report["noise_floor_straggler_overhead"],
+        "straggler overhead predicted, baseline (%)": 100 * base["predicted_straggler_overhead"],
+        "straggler overhead predicted, balanced (%)": 100 * balanced["predicted_straggler_overhead"],
+        "step time measured, balanced / baseline": report["ratio_measured_step_ms"],
+        "step time predicted, balanced / baseline": report["ratio_predicted_step_ms"],
+        "rank-step measured / predicted, coefficient of variation (%)": 100
+        * report["rank_step_relative_error"],
+        "cost model fit R²": (report["fit"] or {}).get("r2"),
+    }
+    keys = [("step, max-rank compute (ms)", "measured_step_ms"),
+            ("mean-rank compute (ms)", "measured_mean_rank_ms"),
+            ("step, wall with all-reduce (ms)", "measured_wall_step_ms"),
+            ("step, predicted (ms)", "predicted_step_ms"),
+            ("straggler overhead, measured", "measured_straggler_overhead"),
+            ("straggler overhead, predicted", "predicted_straggler_overhead")]  # fmt: skip
+    rows = [[title, base[key], balanced[key]] for title, key in keys]
+    title = (f"{report['steps']} steps of {report['global_batch_size']} packs of <= {report['pack_size']} "
+             f"tokens, DP = {RANKS} gloo processes")  # fmt: skip
+    write_result("balance_steps", args, args.size, figures=figures,
+                 tables={"steps": table(["", "baseline", "balanced"], rows, title)}, report=report,
+                 seconds=seconds)  # fmt: skip
 
 
 def print_report(report: dict) -> None:

@@ -17,7 +17,7 @@ triton). To run it anyway, on CPU, into a folder of its own:
 
 The script then imports the dataset module alone (``megatron.bridge``'s package ``__init__`` imports
 every model bridge, which needs another transformers), and gives Python 3.11 the one 3.12 name the
-import needs (``typing.override``).
+import needs (``typing.override``). One size (22 rows); ``--full`` runs the same.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ import json
 import logging
 import sys
 import tempfile
+import time
 import types
 import typing
 from pathlib import Path
 
 import numpy as np
 
+from results import add_size_options, choose_size, table, write_result
 from tightpack.core.truncation import ANSWER, KEEP, PROMPT, keep_ranges
 from tightpack.prepare.tokenizer import load_tokenizer
 
@@ -87,7 +89,10 @@ def main() -> None:
     )
     parser.add_argument("--rows", type=int, default=22)
     parser.add_argument("--seed", type=int, default=0)
+    add_size_options(parser, "megatron_bridge_truncation")
     args = parser.parse_args()
+    size = choose_size(args, quick={}, full={})
+    started = time.perf_counter()
     gpt_sft = load_reference(args.reference.resolve())
     logging.disable(logging.WARNING)
     spec = load_tokenizer(None)
@@ -155,8 +160,14 @@ def main() -> None:
                         tally["answer gone on both sides; the reference keeps its EOS"] += 1
                     else:
                         tally[f"same answer, other prompt tokens ({method}, fields {fields})"] += 1
-    for name, count in sorted(tally.items(), key=lambda item: -item[1]):
+    ordered = sorted(tally.items(), key=lambda item: -item[1])
+    for name, count in ordered:
         print(f"{count:5d}  {name}")
+    title = f"{args.rows} rows x 3 truncation-field settings x 2 methods x 2 caps, Megatron-Bridge 0.6.2"
+    write_result("megatron_bridge_truncation", args, size,
+                 figures={"truncated (row x setting)": tally["truncated (row x setting)"]},
+                 tables={"cases": table(["row-settings", "case"], [[c, n] for n, c in ordered], title)},
+                 seconds=time.perf_counter() - started)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ measured on disk: every file under it, apparent size and allocated blocks (``du`
 holds samples as Python lists would need about 30 bytes per token (3 GB here). Linux only (PSS,
 ``/proc``).
 
-    .venv/bin/python benchmarks/bench_memory.py [--tokens 100000000] [--pack-size 8192] [--workers 2]
+Quick: 10M tokens; ``--full``: the documented 100M.
+
+    .venv/bin/python benchmarks/bench_memory.py [--full] [--pack-size 8192] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -45,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from demo_lengths import demo_runtime_lengths
+from results import add_size_options, choose_size, write_result
 
 MIB = 2**20
 
@@ -129,20 +131,21 @@ def disk_usage(folder: Path) -> tuple[int, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=100_000_000)
+    parser.add_argument("--tokens", type=int, default=None, help="corpus tokens (quick 10M, full 100M)")
     parser.add_argument("--pack-size", type=int, default=8192)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between tree samples")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    add_size_options(parser, "memory")
     args = parser.parse_args()
+    size = choose_size(args, quick={"tokens": 10_000_000}, full={"tokens": 100_000_000})
     tightpack = str(Path(sys.executable).with_name("tightpack"))
     with tempfile.TemporaryDirectory(dir=".") as scratch:
         scratch = Path(scratch)
         corpus = scratch / "corpus.parquet"
         samples, tokens = write_corpus(corpus, args.tokens, args.pack_size, args.seed)
-        size = corpus.stat().st_size / MIB
-        print(f"synthetic corpus: {samples:,} samples, {tokens:,} tokens, {size:,.0f} MiB")
+        corpus_mib = corpus.stat().st_size / MIB
+        print(f"synthetic corpus: {samples:,} samples, {tokens:,} tokens, {corpus_mib:,.0f} MiB")
         # The store is kept (--reuse, the default) in a private cache, so that it can be measured.
         env = {**os.environ, "TIGHTPACK_CACHE": str(scratch / "cache")}
         command = [tightpack, "pack", str(corpus), "--format", "tokens", "--pack-size", str(args.pack_size)]
@@ -181,8 +184,16 @@ def main() -> None:
     print(f"packed output: {out_bytes / MIB:,.0f} MiB")
     verdict = "PASS" if peak.pss < 1.5 * 2**30 else "FAIL"
     print(f"[{verdict}] peak tree PSS < 1.5 GiB ({peak.pss / 2**30:.2f} GiB)")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    figures = {
+        "corpus tokens": tokens,
+        "corpus samples": samples,
+        "peak tree PSS (MiB), parent + workers": peak.pss / MIB,
+        "peak tree RSS (MiB), shared pages in every process": peak.rss / MIB,
+        "largest process VmHWM (MiB)": largest / MIB,
+        "token store on disk (bytes per token)": store_bytes / tokens,
+        "wall time with sampling (s)": seconds,
+    }
+    write_result("memory", args, size, figures=figures, report=result, seconds=seconds)
 
 
 if __name__ == "__main__":

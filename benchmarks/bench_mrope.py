@@ -14,7 +14,9 @@ each). Per family (Qwen2-VL, Qwen2.5-VL with its temporal scaling, Qwen3-VL with
 
 Outputs are checked equal before timing. Times are the best of ``--repeats`` interleaved rounds.
 
-    .venv/bin/python benchmarks/bench_mrope.py [--repeats 20]
+Quick: 5 rounds; ``--full``: the documented 20.
+
+    .venv/bin/python benchmarks/bench_mrope.py [--full]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.qwen_vl_models import IMAGE, MODELS, VIDEO, block_ids, tiny_model
 
+from results import add_size_options, choose_size, table, write_result
 from tightpack.runtime.mrope import QwenVLRope, qwen_vl_positions
 
 IMAGE_GRID, VIDEO_GRID = (1, 28, 40), (8, 24, 32)
@@ -121,8 +124,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pack-tokens", type=int, default=16384)
     parser.add_argument("--sequences", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=None, help="rounds, the best counts (5; full 20)")
+    add_size_options(parser, "mrope")
     args = parser.parse_args()
+    size = choose_size(args, quick={"repeats": 5}, full={"repeats": 20})
+    started = time.perf_counter()
+    rows = []
     torch.set_num_threads(1)
     print(f"torch threads 1; best of {args.repeats} rounds; milliseconds per pack\n")
     columns = ("transformers", "tightpack", "per seq", "floor", "speedup")
@@ -145,6 +152,13 @@ def main() -> None:
         speedup = best["transformers"] / best["tightpack"]
         cells = [f"{ms[c]:>12.3f}" for c in columns[:-1]] + [f"{speedup:>11.1f}x"]
         print(f"{kind:<11} {expected.shape[1]:>6} " + " ".join(cells))
+        rows.append([kind, int(expected.shape[1]), *(ms[c] for c in columns[:-1]), speedup])
+    figures = {f"{row[0]}: transformers / tightpack": row[-1] for row in rows}
+    header = ["family", "tokens", "transformers (ms)", "tightpack (ms)", "per sequence (ms)", "floor (ms)",
+              "speedup"]  # fmt: skip
+    title = f"positions of one packed row, torch threads 1, best of {args.repeats}"
+    write_result("mrope", args, size, figures=figures, tables={"positions": table(header, rows, title)},
+                 seconds=time.perf_counter() - started)  # fmt: skip
 
 
 if __name__ == "__main__":

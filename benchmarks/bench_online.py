@@ -13,7 +13,9 @@ Also reports waits (steps; best_fill runs with its default max_wait = 4 x buffer
 sample forced in by its deadline, and the selection cost per pack (choosing the members, not building
 the tensors).
 
-    .venv/bin/python benchmarks/bench_online.py [--samples 100000]
+Quick: 20,000 samples; ``--full``: the documented 100,000.
+
+    .venv/bin/python benchmarks/bench_online.py [--full]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from demo_lengths import demo_runtime_lengths
+from results import add_size_options, choose_size, table, write_result
 from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
 
 
@@ -62,9 +65,15 @@ def run(lengths, pack_size, buffer_size, strategy):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument(
+        "--samples", type=int, default=None, help="stream length (quick 20,000, full 100,000)"
+    )
     parser.add_argument("--seed", type=int, default=0)
+    add_size_options(parser, "online")
     args = parser.parse_args()
+    size = choose_size(args, quick={"samples": 20_000}, full={"samples": 100_000})
+    started = time.perf_counter()
+    rows = []
     demo = demo_runtime_lengths()
     print(f"stream: {args.samples:,} demo-distribution samples; best_fill max_wait = 4 x buffer")
     columns = (
@@ -102,6 +111,19 @@ def main() -> None:
                     f"{packer.selection_s / packer.counts['packs'] * 1e6:.0f}",
                 )
                 print(" ".join(f"{value:>9}" for value in values))
+                forced = packer.counts["forced_packs"] / packer.counts["packs"]
+                rows.append([
+                    pack_size, buffer_size, strategy, 100 * packer.fill(), 100 * np.mean(packer.bounds),
+                    100 * fresh, packer.mean_wait, packer.counts["max_wait"],
+                    100 * forced if strategy == "best_fill" else None,
+                    packer.selection_s / packer.counts["packs"] * 1e6,
+                ])  # fmt: skip
+    figures = {f"fill (%), pack {row[0]}, buffer {row[1]}, {row[2]}": row[3] for row in rows if row[1] == 64}
+    header = ["pack", "buffer", "strategy", "fill %", "held bound %", "fresh bound %", "mean wait",
+              "max wait", "forced packs %", "us per pack"]  # fmt: skip
+    title = f"{args.samples:,} demo-distribution samples; best_fill max_wait = 4 x buffer"
+    write_result("online", args, size, figures=figures, tables={"fill": table(header, rows, title)},
+                 seconds=time.perf_counter() - started)  # fmt: skip
 
 
 if __name__ == "__main__":

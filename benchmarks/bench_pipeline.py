@@ -10,9 +10,9 @@ same number of worker processes K:
 
 The texts are rendered beforehand, outside the timings, with tightpack's own formatter, so the
 baseline tokenizes exactly the texts tightpack tokenizes. Runs alternate between the two sides;
-reports wall times (best of --repeats) and their ratio; asserts nothing.
+reports wall times (best of --repeats: 2, ``--full`` 5) and their ratio; asserts nothing.
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--workers 1 2] [--repeats 3]
+    .venv/bin/python benchmarks/bench_pipeline.py [--workers 1 2] [--full]
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from results import add_size_options, choose_size, table, write_result
 
 BASELINE = r"""
 import json, multiprocessing, os, sys
@@ -74,9 +76,11 @@ def timed(command: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds, the best counts (2; full 5)")
+    add_size_options(parser, "pipeline")
     args = parser.parse_args()
+    size = choose_size(args, quick={"repeats": 2}, full={"repeats": 5})
+    started = time.perf_counter()
     tightpack = str(Path(sys.executable).with_name("tightpack"))
     results = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -112,8 +116,14 @@ def main() -> None:
     for row in results:
         verdict = "PASS" if row["ratio"] <= 1.2 else "FAIL"
         print(f"[{verdict}] workers={row['workers']}: pack <= 1.2x tokenize-only ({row['ratio']:.2f}x)")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    figures = {f"tightpack pack / tokenize only, {row['workers']} workers": row["ratio"] for row in results}
+    columns = ["workers", "tokenize only (s)", "tightpack pack (s)", "ratio"]
+    rows = [[r["workers"], r["tokenize_only_s"], r["pack_s"], r["ratio"]] for r in results]
+    tables = {
+        "pipeline": table(columns, rows, f"demo corpus, {count:,} conversations, best of {args.repeats}")
+    }
+    write_result("pipeline", args, size, figures=figures, tables=tables, report=results,
+                 seconds=time.perf_counter() - started)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,27 +22,26 @@ Two comparisons, on the same lengths array in the same run:
 Every timed call runs once untimed first (warm); then ``--repeats`` rounds call every contender in
 turn (interleaved, so that a change of machine load hits all of them alike). Seconds are the best
 (minimum) of the rounds, as load on a shared machine only ever adds time; the ratio of the medians is
-printed beside, and the JSON report (``--json``) keeps every round. Benchmarks report, they never
-assert::
+printed beside, and the JSON result (``--result``, `results.py`) keeps every round. Benchmarks
+report, they never assert. Quick: 1M lengths, 3 rounds; ``--full``: the documented 10M lengths, 5 rounds::
 
-    .venv/bin/python benchmarks/bench_planner.py --n 10000000 --pack-size 8192 --repeats 5
+    .venv/bin/python benchmarks/bench_planner.py --full
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
 from demo_lengths import demo_runtime_lengths
+from results import add_size_options, choose_size, table, write_result
 from tightpack.core.planner import ALGORITHMS, plan_packs
 
 FLOOR = "floor"
@@ -202,20 +201,32 @@ def print_report(report: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=10_000_000, help="number of lengths per distribution")
+    parser.add_argument("--n", type=int, default=None, help="lengths per distribution (quick 1M, full 10M)")
     parser.add_argument("--pack-size", type=int, default=8192, help="pack capacity in tokens")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds (the best is reported)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds, the best counts (3; full 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths and of first_fit_shuffle")
     parser.add_argument(
         "--distributions", nargs="+", choices=DISTRIBUTIONS, default=list(DISTRIBUTIONS), metavar="NAME"
     )
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results here")
+    add_size_options(parser, "planner")
     args = parser.parse_args()
+    size = choose_size(args, quick={"n": 1_000_000, "repeats": 3}, full={"n": 10_000_000, "repeats": 5})
+    start = time.perf_counter()
     report = run_benchmark(args.n, args.pack_size, args.repeats, args.seed, args.distributions)
     print_report(report)
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        print(f"\nwrote {args.json}")
+    rows = [
+        [run["distribution"], label(name), r["seconds"], r["x_floor"], r.get("packs"),
+         r.get("over_lower_bound"), r.get("x_obfd", "skipped")]
+        for run in report["runs"]
+        for name, r in run["results"].items()
+    ]  # fmt: skip
+    bfd = {run["distribution"]: run["results"]["bfd"] for run in report["runs"]}
+    figures = {f"{name}: bfd seconds for {args.n:,} lengths": r["seconds"] for name, r in bfd.items()}
+    figures |= {f"{name}: bfd time / stable-sort floor": r["x_floor"] for name, r in bfd.items()}
+    columns = ["distribution", "contender", "seconds", "x floor", "packs", "over lower bound", "x obfd"]
+    tables = {"planners": table(columns, rows, f"{args.n:,} lengths, pack size {args.pack_size}")}
+    write_result("planner", args, size, figures=figures, tables=tables, report=report,
+                 seconds=time.perf_counter() - start)  # fmt: skip
 
 
 if __name__ == "__main__":

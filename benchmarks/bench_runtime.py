@@ -14,13 +14,14 @@
 3. `PackedCollate` on one pack (fixed width) against a forward pass of a tiny Llama (the parity
    test's model, a 50k vocabulary, on the CPU) on the collated batch.
 
-    .venv/bin/python benchmarks/bench_runtime.py [--packs 20000] [--accesses 300] [--collate-packs 200]
+Quick: 2,000 packs, 100 accesses, 50 packs collated; ``--full``: the documented 20,000, 300 and 200.
+
+    .venv/bin/python benchmarks/bench_runtime.py [--full]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ import pyarrow.parquet as pq
 import torch
 
 from demo_lengths import demo_runtime_lengths
+from results import add_size_options, choose_size, write_result
 from tightpack.core.packed_index import PackedIndex
 from tightpack.runtime.collate import PackedCollate
 from tightpack.runtime.dataset import PackedDataset
@@ -124,13 +126,21 @@ def collate_against_floor(index: PackedIndex, rows: list[dict], packs: np.ndarra
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--packs", type=int, default=20_000)
-    parser.add_argument("--accesses", type=int, default=300, help="shuffled accesses timed for the reference")
-    parser.add_argument("--collate-packs", type=int, default=200, help="packs collated, one per batch")
+    parser.add_argument("--packs", type=int, default=None, help="packs written (quick 2,000, full 20,000)")
+    parser.add_argument(
+        "--accesses", type=int, default=None, help="shuffled accesses timed for the reference"
+    )
+    parser.add_argument("--collate-packs", type=int, default=None, help="packs collated, one per batch")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes; the fastest counts")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None)
+    add_size_options(parser, "runtime")
     args = parser.parse_args()
+    size = choose_size(
+        args,
+        quick={"packs": 2_000, "accesses": 100, "collate_packs": 50},
+        full={"packs": 20_000, "accesses": 300, "collate_packs": 200},
+    )
+    started = time.perf_counter()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(dir=".") as scratch:
         scratch = Path(scratch)
@@ -187,17 +197,31 @@ def main() -> None:
     ]
     for name, ok in checks:
         print(f"[{'PASS' if ok else 'FAIL'}] {name}")
-    if args.json:
-        result = {
-            "reference_tokens_per_s": reference_rate,
-            "ours_tokens_per_s": ours_rate,
-            "index_build_s": build,
-            "collate_s": collate_s,
-            "forward_s": forward_s,
-            "collate_packs_s": seconds,  # the same packs: each collate setting, and the token decode floor
-            "collate_packs_million_tokens": million,
-        }
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    result = {
+        "reference_tokens_per_s": reference_rate,
+        "ours_tokens_per_s": ours_rate,
+        "index_build_s": build,
+        "collate_s": collate_s,
+        "forward_s": forward_s,
+        "collate_packs_s": seconds,  # the same packs: each collate setting, and the token decode floor
+        "collate_packs_million_tokens": million,
+    }
+    million_ms = {name: 1e3 * value / million for name, value in seconds.items()}
+    figures = {
+        "PackedDataset shuffled access (M tokens/s)": ours_rate / 1e6,
+        "row-group reader, the reference's pattern (M tokens/s)": reference_rate / 1e6,
+        "PackedDataset / row-group reader": ours_rate / reference_rate,
+        "index build, once (s)": build,
+        "collate one pack, fixed width (ms)": collate_s * 1e3,
+        "tiny Llama forward on it, CPU (ms)": forward_s * 1e3,
+        "collate / forward": collate_s / forward_s,
+    }
+    figures |= {
+        ("decoding the tokens, the floor" if name == "floor" else f"collate, {name}")
+        + " (ms per 1M tokens)": ms
+        for name, ms in million_ms.items()
+    }
+    write_result("runtime", args, size, figures=figures, report=result, seconds=time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ larger ``--hidden`` moves the ratio towards that bound.
 Writes ``training.json``, and with matplotlib (``pip install 'tightpack[plots]'``) ``training_loss.png``
 (both loss curves on one chart) and ``training_throughput.png`` (tokens/s bars), into ``--out``.
 
-    .venv/bin/python benchmarks/bench_training.py [--steps 50] [--budget 4096] [--out bench-out]
+Quick: 10 steps, 1 round; ``--full``: the documented 50 steps, 2 rounds.
+
+    .venv/bin/python benchmarks/bench_training.py [--full] [--budget 4096] [--out bench-out]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import json
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.hf_training import PaddedCollator, micro_batches, small_tokenizer, tiny_llama, train
 
+from results import add_size_options, choose_size, write_result
 from tightpack.prepare.sources import default_corpus
 from tightpack.runtime.hf_trainer import PackingCollator
 
@@ -76,15 +80,18 @@ def plot(results: dict, out: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (quick 10, full 50)")
     parser.add_argument("--budget", type=int, default=4096, help="tokens per micro-batch (and per pack)")
     parser.add_argument("--accumulation", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the fastest counts")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds, the fastest counts")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate, constant")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    add_size_options(parser, "training")
     args = parser.parse_args()
+    size = choose_size(args, quick={"steps": 10, "rounds": 1}, full={"steps": 50, "rounds": 2})
+    started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
     rows = [row for chunk in default_corpus().read(0, 4096) for row in chunk.parsed_rows()]
@@ -124,12 +131,26 @@ def main() -> None:
     print(f"\npacked / padded throughput: {speedup:.2f}x (goal >= 1.5x); padding share of the padded run: "
           f"{share:.1%}, so {1 / (1 - share):.2f}x where the cost is per token; largest relative loss "
           f"difference over {args.steps} steps: {difference:.2e} (must be <= 1e-4)")  # fmt: skip
-    summary = {"settings": vars(args) | {"out": str(args.out)}, "padding_share": share,
+    summary = {"settings": vars(args) | {"out": str(args.out), "result": str(args.result)},
+               "padding_share": share,
                "speedup": speedup,
                "max_relative_loss_difference": float(difference), "runs": results}  # fmt: skip
     summary["plots"] = plot(results, args.out)
     (args.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"written: {args.out / 'training.json'}" + "".join(f", {args.out / p}" for p in summary["plots"]))
+    figures = {
+        "steps": args.steps,
+        "padded: real tokens per second": padded["tokens_per_second"],
+        "packed: real tokens per second": packed["tokens_per_second"],
+        "packed / padded throughput": speedup,
+        "padding share of the padded run (%)": 100 * share,
+        "bound where the cost is per token, 1 / (1 - padding share)": 1 / (1 - share),
+        "largest relative difference of the loss curves": float(difference),
+    }
+    report = {key: value for key, value in summary.items() if key != "runs"}
+    write_result(
+        "training", args, size, figures=figures, report=report, seconds=time.perf_counter() - started
+    )
 
 
 if __name__ == "__main__":

@@ -112,6 +112,20 @@ def test_balanced_plan_rows_are_the_same_samplers_over_the_rewritten_plan(bench)
     for row in run["rows"]:
         assert set(row["results"]) == set(report["contenders"])
         assert "goal_balanced_plan" in row
+    tables = bench.result_tables(report)
+    assert set(tables) == {"regroup", "deal", "plan_regroup", "plan_spread", "timing"}
+    spread = tables["plan_spread"]["rows"]
+    assert [row[2] for row in spread] == ["llama-8b (balanced with it)", *bench.SCORERS]
+    assert spread[0][3] == f"{plans['bfd']['packs']:,} → {plans['balanced']['packs']:,}"
+    assert (
+        spread[0][4]
+        == f"{plans['bfd']['cost_spread']['cv']:.3f} → {plans['balanced']['cost_spread']['cv']:.3f}"
+    )
+    first = tables["plan_regroup"]["rows"][0]
+    baseline, balanced = (
+        run["rows"][0]["results"][name]["overhead"] for name in ("baseline", "plan+regroup")
+    )
+    assert first[3] == f"{bench.percent(baseline)} → {bench.percent(balanced)}"
 
 
 def test_cli_quick_writes_json(bench, monkeypatch, tmp_path, capsys):
@@ -120,10 +134,47 @@ def test_cli_quick_writes_json(bench, monkeypatch, tmp_path, capsys):
         sys, "argv", ["bench_balance.py", "--quick", "--no-balanced-plan", "--json", str(out)]
     )
     bench.main()
-    report = json.loads(out.read_text())
+    record = json.loads(out.read_text())
+    report = record["report"]
     printed = capsys.readouterr().out
     assert "18/18 identical" in printed and "worst overhead per contender" in printed
     assert report["balanced_plan"] == "left out (--no-balanced-plan)"
     assert report["dps"] == [4, 8] and report["pack_sizes"] == [4096]
     assert report["distributions"] == ["demo", "longtail"]
     assert [(t["dp"], t["gbs"]) for t in report["timing"]["runs"]] == [(8, 32), (8, 128)] * 2
+    assert record["benchmark"] == "balance" and record["size"] == "quick"
+    assert "--quick" in record["command"] and record["machine"]["cores"] >= 1
+    assert set(record["tables"]) == {"regroup", "deal", "timing"}  # no balanced plan: no plan tables
+    scored_by = [row[2] for row in record["tables"]["regroup"]["rows"]]
+    assert scored_by == ["llama-8b (balanced with it)", *bench.SCORERS] * 2
+    assert "the same dealings scored by llama-1b" in printed
+    assert any("predicted by tokens only" in label for label in record["figures"])
+
+
+def test_the_balancing_model_scoring_itself_gives_the_overheads(bench):
+    """Scored again by the model that balanced, every dealing gives its own overhead; scored by other
+    models, the same dealings give other (non-negative) overheads."""
+    same = bench.CostModel.named(bench.COST_MODEL)
+    scorers = {"itself": same, **bench.SCORERS}
+    report = bench.run_benchmark(**{**TINY, "distributions": ["longtail"]}, scorers=scorers)
+    assert set(report["scorers"]) == set(scorers)
+    differs = 0
+    for run in report["runs"]:
+        for plan in run["plans"].values():
+            assert plan["cost_spread_scored"]["itself"] == plan["cost_spread"]
+        for row in run["rows"]:
+            for result in row["results"].values():
+                assert set(result["scored"]) == set(scorers)
+                assert result["scored"]["itself"] == pytest.approx(result["overhead"], rel=1e-12, abs=1e-15)
+                assert all(value >= 0 for value in result["scored"].values())
+                differs += result["scored"]["tokens only"] != pytest.approx(result["overhead"])
+    assert differs > 0  # another model is another prediction
+    worst = report["worst_scored"]["itself"]
+    assert worst == pytest.approx({name: w["overhead"] for name, w in report["worst"].items()})
+
+
+def test_scorers_price_attention_as_documented(bench):
+    crossover = {name: model.crossover_length() for name, model in bench.SCORERS.items()}
+    assert crossover["tokens only"] == float("inf")
+    assert crossover[f"s² above {bench.ATTENTION_FROM:,}"] == 4096
+    assert crossover["llama-1b"] < bench.CostModel.named(bench.COST_MODEL).crossover_length()

@@ -1,11 +1,17 @@
 """Pieces of input files (`tightpack.prepare.file_ranges`): read by ranges, the rows of a file are
-the rows the local reader gives, with the same line and row numbers."""
+the rows the local reader gives, with the same line and row numbers.
+
+The JSONL property is one recipe (`jsonl_case`) drawn two ways (tests/draws.py): by hypothesis for
+random search of the invariant, and by a seeded generator for fixed examples on which a coverage floor
+is asserted (lines that span ranges, ranges that own no line start, BOMs, CRLF, a last line without
+its newline, several chunks), so the check cannot pass on inputs that never reach those cases."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import pickle
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
 from tightpack.core import checksums
@@ -22,7 +28,8 @@ from tightpack.prepare import chunks, file_ranges
 from tightpack.prepare.file_ranges import FileRange, read_range
 from tightpack.prepare.sources import open_sources
 
-_SETTINGS = settings(derandomize=True, database=None, max_examples=150, deadline=None)
+from .conftest import examples
+from .draws import Draws, HypothesisDraws, SeededDraws
 
 
 @contextmanager
@@ -69,28 +76,72 @@ def _check_jsonl(path: Path, data: bytes, range_bytes: int, chunk_rows: int, chu
 _PIECES = [b"", b" ", b"\t", b"\r", b'{"a": 1}', b'{"text": "\xc3\xa9t\xc3\xa9"}', b"x" * 40, b"[]"]
 
 
-@st.composite
-def _jsonl_bytes(draw) -> bytes:
-    lines = draw(st.lists(st.sampled_from(_PIECES), max_size=12))
-    ends = draw(st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=len(lines), max_size=len(lines)))
+def jsonl_case(draws: Draws) -> dict:
+    """JSONL bytes of up to 12 lines of `_PIECES` (LF or CRLF ends, maybe a BOM, maybe no final
+    newline) and the range size, rows per chunk and chunk bytes to read them with."""
+    lines = [draws.sampled_from(_PIECES) for _ in range(draws.integers(0, 12))]
+    ends = [draws.sampled_from([b"\n", b"\r\n"]) for _ in lines]
     data = b"".join(line + end for line, end in zip(lines, ends, strict=True))
-    if data and draw(st.booleans()):
+    if data and draws.sampled_from([False, True]):
         data = data.rstrip(b"\r\n")  # a last line without a newline
-    return (b"\xef\xbb\xbf" if draw(st.booleans()) else b"") + data
+    bom = b"\xef\xbb\xbf" if draws.sampled_from([False, True]) else b""
+    return {
+        "data": bom + data,
+        "range_bytes": draws.sampled_from([1, 2, 3, 7, 11, 64, 1 << 20]),
+        "chunk_rows": draws.integers(1, 4),
+        "chunk_bytes": draws.sampled_from([None, 1, 30]),
+    }
 
 
-@_SETTINGS
-@given(
-    data=_jsonl_bytes(),
-    range_bytes=st.sampled_from([1, 2, 3, 7, 11, 64, 1 << 20]),
-    chunk_rows=st.integers(1, 4),
-    chunk_bytes=st.sampled_from([None, 1, 30]),
-)
-def test_jsonl_ranges_give_the_rows_of_the_local_reader(
-    tmp_path_factory, data, range_bytes, chunk_rows, chunk_bytes
-):
+@st.composite
+def jsonl_cases(draw: st.DrawFn) -> dict:
+    return jsonl_case(HypothesisDraws(draw))
+
+
+def reached(case: dict, local: list, ranges: list) -> dict[str, bool]:
+    """Which of the hard cases one example reaches."""
+    data, size = case["data"], case["range_bytes"]
+    starts = [0] + [i + 1 for i, byte in enumerate(data) if byte == 10 and i + 1 < len(data)]
+    ends = [*starts[1:], len(data)]
+    stops = [r.stop for r in ranges[:-1]]
+    return {
+        "a line spans ranges": any(a < stop < b for a, b in zip(starts, ends, strict=True) for stop in stops),
+        "a range owns no line start": any(not any(r.start <= a < r.stop for a in starts) for r in ranges),
+        "a BOM": data.startswith(b"\xef\xbb\xbf"),
+        "a CRLF": b"\r\n" in data,
+        "no final newline": bool(data) and not data.endswith(b"\n"),
+        "several chunks": len(local) > 1,
+        "several ranges": len(ranges) > 1 and size < len(data),
+    }
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(case=jsonl_cases())
+def test_jsonl_ranges_give_the_rows_of_the_local_reader(tmp_path_factory, case):
+    """Random search (hypothesis) for a file whose ranges give other rows than the local reader."""
     path = tmp_path_factory.mktemp("jsonl") / "rows.jsonl"
-    _check_jsonl(path, data, range_bytes, chunk_rows, chunk_bytes)
+    local, ranges = _check_jsonl(
+        path, case["data"], case["range_bytes"], case["chunk_rows"], case["chunk_bytes"]
+    )
+    target(float(sum(reached(case, local, ranges).values())), label="hard cases reached")
+
+
+FIXED_CASES = 60
+
+
+def test_fixed_jsonl_cases_reach_every_hard_case(tmp_path):
+    """Not vacuous: on fixed examples of the same recipe (seeds 0-59) the invariant holds, and each
+    hard case is reached by a third of them at least (these 60 reach each one 32 to 51 times)."""
+    totals: Counter = Counter()
+    for seed in range(FIXED_CASES):
+        case = jsonl_case(SeededDraws(seed))
+        path = tmp_path / f"rows-{seed}.jsonl"
+        local, ranges = _check_jsonl(
+            path, case["data"], case["range_bytes"], case["chunk_rows"], case["chunk_bytes"]
+        )
+        totals.update(name for name, hit in reached(case, local, ranges).items() if hit)
+    hard_cases = reached(jsonl_case(SeededDraws(0)), [], [])
+    assert all(totals[name] >= FIXED_CASES // 3 for name in hard_cases), totals
 
 
 @pytest.mark.parametrize("range_bytes", [1, 2, 3, 7, 64])
