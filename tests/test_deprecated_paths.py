@@ -3,7 +3,6 @@ objects; no code of this repository imports an old path; the package root never 
 
 from __future__ import annotations
 
-import ast
 import importlib
 import re
 import subprocess
@@ -11,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.test_layers import tightpack_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,17 +81,6 @@ def test_an_unknown_config_name_is_still_an_attribute_error():
         importlib.import_module("tightpack.config").NoSuchConfig  # noqa: B018
 
 
-def _imported_modules(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
 def _shim_path(module: str) -> Path:
     return ROOT / "src" / Path(*module.split(".")).with_suffix(".py")
 
@@ -106,7 +96,7 @@ def test_no_code_here_imports_an_old_path():
     found = {
         f"{path.relative_to(ROOT)}: {name}"
         for path in files
-        for name in _imported_modules(path)
+        for name in tightpack_imports(path)
         if name in OLD
     }
     assert len(files) > 100

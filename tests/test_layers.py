@@ -118,31 +118,31 @@ def test_there_are_two_engines_and_each_is_a_module():
     assert set(by_name) == engines == set(get_args(Engine))
 
 
+def _torch_modules_loaded_by(modules: list[str]) -> str:
+    """The torch modules a fresh interpreter holds after importing ``modules`` (``[]`` when none)."""
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return result.stdout.strip()
+
+
 def test_the_core_and_prepare_never_import_torch():
     modules = [
         module_name(path)
         for path in SOURCES
         if layer_of(module_name(path)) in ("core", "prepare") and path.name != "__init__.py"
     ]
-    code = (
-        "import importlib, sys\n"
-        f"for name in {modules!r}:\n"
-        "    importlib.import_module(name)\n"
-        "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert len(modules) > 10
-    assert result.stdout.strip() == "[]", f"importing the core and prepare layers loaded {result.stdout}"
+    loaded = _torch_modules_loaded_by(modules)
+    assert loaded == "[]", f"importing the core and prepare layers loaded {loaded}"
 
 
 def test_the_offline_path_never_imports_torch():
     modules = [module_name(path) for path in SOURCES if layer_of(module_name(path)) == "offline"]
-    code = (
-        "import importlib, sys\n"
-        f"for name in {modules!r}:\n"
-        "    importlib.import_module(name)\n"
-        "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "tightpack.offline.engines.ray" in modules and len(modules) > 10
-    assert result.stdout.strip() == "[]", f"importing the offline path loaded {result.stdout}"
+    loaded = _torch_modules_loaded_by(modules)
+    assert loaded == "[]", f"importing the offline path loaded {loaded}"
