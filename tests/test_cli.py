@@ -533,7 +533,7 @@ def test_ctrl_c_says_the_run_was_interrupted_and_stops_at_once(tmp_path, prompt_
     import signal
     import time
 
-    source = write_jsonl(tmp_path / "big.jsonl", prompt_completion_rows * 400)
+    source = write_jsonl(tmp_path / "big.jsonl", prompt_completion_rows * 1600)
     command = [
         sys.executable,
         "-m",
