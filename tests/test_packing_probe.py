@@ -36,10 +36,14 @@ from tightpack.runtime.hf_kwargs import model_kwargs
 from tightpack.runtime.hf_trainer import PackingCallback, PackingCollator
 from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
 from tightpack.runtime.sft_collate import TextSFTCollator
+from tightpack.runtime.transformers_releases import FAMILY_FLOORS, installed_release, parse_release
 
 EXACT = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3", "olmo2", "gpt2"]
 # families the installed transformers runs with one causal mask (or one state) over a packed row
-LEAKY = {"opt": "layer 0", "bloom": "layer 0", "mamba2": "layer 0", "minimax": "layer 0", "jamba": "layer 0"}
+LEAKY = {"opt": "layer 0", "bloom": "layer 0", "minimax": "layer 0", "jamba": "layer 0"}
+# Mamba-2 takes seq_idx from transformers 5.25 (`FAMILY_FLOORS`): its kernels keep packed sequences
+# apart and its torch path raises, as Bamba's does; before, its state runs across the row
+MAMBA2_READS_SEQ_IDX = parse_release(installed_release("transformers")) >= FAMILY_FLOORS["mamba2"].release
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +97,11 @@ def test_a_family_that_leaks_is_refused_statically_and_by_the_probe(family, trai
 @pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "opt", "mamba2"])
 def test_the_verdict_does_not_depend_on_the_dtype(family, dtype, trainer_batch):
     model = tiny_model(family, dtype=dtype)
-    if family in LEAKY:
+    if family in LEAKY or (family == "mamba2" and not MAMBA2_READS_SEQ_IDX):
         with pytest.raises(PackingLeakError):
+            check_packing(model, trainer_batch)
+    elif family == "mamba2":
+        with pytest.raises(ValueError, match="can't keep packed sequences apart"):
             check_packing(model, trainer_batch)
     else:
         report = check_packing(model, trainer_batch)
@@ -135,6 +142,29 @@ def test_packed_forward_passes_seq_idx_so_a_hybrid_layer_refuses_loudly(trainer_
     assert "seq_idx" in model_kwargs(model, batch)
     with pytest.raises(ValueError, match="packed sequences"):
         packed_forward(model, batch, probe=False)
+
+
+def test_mamba2_is_refused_before_it_reads_seq_idx_and_probed_from_then(trainer_batch):
+    """Below transformers 5.25 Mamba-2 is refused before any step, and the probe (which does not consult
+    the release table) finds its state running across the row on its own. From 5.25 it is not refused:
+    with PackingCollator's ``seq_idx`` its kernels keep sequences apart and its torch path (CPU) raises;
+    with positions only (what DataCollatorWithFlattening gives) the probe refuses it."""
+    model = tiny_model("mamba2")
+    with pytest.raises(TightpackError, match=r"gives mamba2's Mamba-2 .*no sequence boundaries"):
+        check_packable(model, transformers_release="5.24.0")
+    positions_only = {key: trainer_batch[key] for key in ("input_ids", "position_ids", "labels")}
+    with pytest.raises(PackingLeakError, match="see each other") as failure:
+        check_packing(model, positions_only)
+    assert "it enters at layer 0" in str(failure.value)
+    if MAMBA2_READS_SEQ_IDX:
+        check_packable(model)
+        with pytest.raises(ValueError, match="can't keep packed sequences apart without `causal_conv1d`"):
+            check_packing(model, trainer_batch)
+    else:
+        with pytest.raises(TightpackError, match=re.escape("first release that packs mamba2 is 5.25.0")):
+            check_packable(model)
+        with pytest.raises(PackingLeakError, match="see each other"):
+            check_packing(model, trainer_batch)
 
 
 class PositionDroppingLlama(torch.nn.Module):

@@ -102,5 +102,14 @@ def test_check_packable_refuses_gpt2_before_its_own_mask_reads_positions():
         TightpackError, match=r"transformers 4\.54\.0 builds gpt2's attention mask .*>=4\.55\.0"
     ):
         check_packable(model, transformers_release="4.54.0")
-    check_packable(model, transformers_release=".".join(map(str, FAMILY_FLOORS["gpt2"])))
+    check_packable(model, transformers_release=".".join(map(str, FAMILY_FLOORS["gpt2"].release)))
     check_packable(tiny_model("llama"), transformers_release="4.54.0")  # Llama's mask reads them there
+
+
+def test_check_packable_refuses_mamba2_before_its_layers_take_seq_idx():
+    model = tiny_model("mamba2")
+    with pytest.raises(
+        TightpackError, match=r"transformers 5\.24\.0 gives mamba2's .*no sequence boundaries.*>=5\.25\.0"
+    ):
+        check_packable(model, transformers_release="5.24.0")
+    check_packable(model, transformers_release="5.25.0")

@@ -47,13 +47,37 @@ RELEASE_FLOORS: dict[str, ReleaseFloor] = {
     "flash_attention_3": ReleaseFloor(transformers=(4, 53, 0)),
 }
 
-# Model families (``model_type``) whose own code reads the packed positions only from a later release
-# than their attention implementation. gpt2: 4.55.0 moved GPT2Model to `masking_utils.create_causal_mask`
-# with position_ids; 4.54 keeps its own `_update_causal_mask`, which ignores them (a tiny GPT-2 with
-# sdpa leaks 105% of one causal mask's change on 4.54.0). Many others still build their mask that way
-# on 4.57 (falcon, gptj, gpt_neo, codegen, stablelm, qwen2_moe, olmoe, ...); the equivalence probe
-# refuses them on the first packed row.
-FAMILY_FLOORS: dict[str, Release] = {"gpt2": (4, 55, 0)}
+
+@dataclasses.dataclass(frozen=True)
+class FamilyFloor:
+    """The first transformers release that keeps a model family's packed sequences apart, and what
+    the releases before it do to a packed row (a clause after "transformers X.Y.Z")."""
+
+    release: Release
+    before: str
+
+
+# Model families (``model_type``) whose own code reads the packed boundaries only from a later release
+# than their attention implementation.
+# - gpt2: 4.55.0 moved GPT2Model to `masking_utils.create_causal_mask` with position_ids; 4.54 keeps
+#   its own `_update_causal_mask`, which ignores them (a tiny GPT-2 with sdpa leaks 105% of one causal
+#   mask's change on 4.54.0). Many others still build their mask that way on 4.57 (falcon, gptj,
+#   gpt_neo, codegen, stablelm, qwen2_moe, olmoe, ...); the equivalence probe refuses them on the
+#   first packed row.
+# - mamba2: 5.25.0 hands the forward's seq_idx to its convolution and scan kernels (causal_conv1d,
+#   mamba_ssm), and its torch path raises when it gets one; 5.24 gives its layers no boundaries.
+FAMILY_FLOORS: dict[str, FamilyFloor] = {
+    "gpt2": FamilyFloor(
+        (4, 55, 0),
+        "builds gpt2's attention mask without reading position_ids, so one causal mask covers the whole "
+        "packed row",
+    ),
+    "mamba2": FamilyFloor(
+        (5, 25, 0),
+        "gives mamba2's Mamba-2 (state-space) layers no sequence boundaries, so every packed sequence "
+        "starts from the state the one before it left",
+    ),
+}
 
 
 def parse_release(text: str) -> Release:
@@ -127,7 +151,7 @@ def check_release(
 
 def check_family_release(model_type: str | None, version: str | None = None) -> None:
     """Refuse a model family (``model_type``) that the transformers ``version`` (default: installed)
-    runs with one causal mask over a packed row although its attention implementation could pack.
+    runs across the sequences of a packed row although its attention implementation could pack.
 
     >>> check_family_release("gpt2", "4.55.0")
     >>> check_family_release("gpt2", "4.54.0")
@@ -137,10 +161,10 @@ def check_family_release(model_type: str | None, version: str | None = None) -> 
     """
     floor = FAMILY_FLOORS.get(model_type or "")
     version = version or installed_release("transformers")
-    if floor is None or version is None or parse_release(version) >= floor:
+    if floor is None or version is None or parse_release(version) >= floor.release:
         return
+    first = _text(floor.release)
     raise TightpackError(
-        f"transformers {version} builds {model_type}'s attention mask without reading position_ids, so "
-        f"one causal mask covers the whole packed row; the first release that packs {model_type} is "
-        f"{_text(floor)}: upgrade with pip install 'transformers>={_text(floor)}'"
+        f"transformers {version} {floor.before}; the first release that packs {model_type} is {first}: "
+        f"upgrade with pip install 'transformers>={first}', or train it unpacked (padded batches)"
     )

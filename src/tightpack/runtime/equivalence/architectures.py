@@ -8,10 +8,11 @@ through the probe with this table bypassed, so an entry that transformers has si
 - attention whose mask or positions are built from ``attention_mask`` or the row alone and never read
   ``position_ids``: one causal mask covers the row, and in some families the positions run on.
 
-Hybrid families whose state layers do read the boundaries (``seq_idx`` / ``cu_seqlens``: Bamba,
-FalconH1, GraniteMoeHybrid, NemotronH, Zamba2, LFM2, Kimi-Linear, Qwen3-Next, ...) are not here: they
-keep sequences apart with their kernels (``causal_conv1d``, ``mamba_ssm``, ``fla``) and raise without
-them, and the probe checks them on the user's model.
+Families whose state layers do read the boundaries (``seq_idx`` / ``cu_seqlens``: Bamba, FalconH1,
+GraniteMoeHybrid, NemotronH, Zamba2, LFM2, Kimi-Linear, Qwen3-Next, ...) are not here: they keep
+sequences apart with their kernels (``causal_conv1d``, ``mamba_ssm``, ``fla``) and raise without them,
+and the probe checks them on the user's model. Mamba-2 reads them from transformers 5.25, and is
+refused before that release by `tightpack.runtime.transformers_releases.FAMILY_FLOORS`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ class _Family:
 UNPACKABLE: dict[str, _Family] = {
     "mamba": _Family(_STATE.format(layers="Mamba (state-space)")),
     "falcon_mamba": _Family(_STATE.format(layers="Mamba (state-space)")),
-    "mamba2": _Family(_STATE.format(layers="Mamba-2 (state-space)")),
     "jamba": _Family(_STATE.format(layers="Mamba (state-space)")),
     "rwkv": _Family(_STATE.format(layers="RWKV (recurrent)")),
     "xlstm": _Family(_STATE.format(layers="mLSTM (recurrent)")),
