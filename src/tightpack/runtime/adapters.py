@@ -65,6 +65,7 @@ def to_packed_seq_params(batch: Mapping[str, Any], *, megatron: bool | None = No
     ([0, 4, 6, 8], None, 4)
     """
     thd.check_thd_batch(batch, cp_size=None)
+    thd.check_block_diagonal(batch, "PackedSeqParams (Megatron-Core's THD attention)")
     q, kv = thd.logical_boundaries(batch), thd.logical_boundaries(batch, side="kv")
     q_padded, kv_padded = thd.padded_boundaries(batch), thd.padded_boundaries(batch, side="kv")
     if q_padded is not None and q_padded.device.type == "cpu" and torch.equal(q_padded, q):

@@ -108,6 +108,7 @@ def slice_for_cp_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> d
     ([[1, 2, 5, 6]], [0, 4, 8])
     """
     _check_rank(cp_size, cp_rank)
+    thd.check_block_diagonal(batch, "context-parallel slicing (ring attention over cu_seqlens)")
     if cp_size == 1:
         return dict(batch)
     tokens = thd.token_tensor(batch)

@@ -38,6 +38,7 @@ def hf_packed_kwargs(batch: Mapping[str, Any]) -> dict[str, Any]:
     ([0, 2, 4], 2, [[0, 0, 1, 1]])
     """
     thd.check_thd_batch(batch)
+    thd.check_block_diagonal(batch, "hf_packed_kwargs (transformers' packed positions and cu_seq_lens)")
     tokens = thd.token_tensor(batch)
     if tokens is None or tokens.dim() != 2 or tokens.shape[0] != 1:
         shape = None if tokens is None else tuple(tokens.shape)

@@ -4,6 +4,9 @@ Every mask is block-diagonal causal over the row's physical segments
 (`tightpack.runtime.thd.physical_boundaries`, either layout or key schema): a token attends to the
 earlier tokens of its own segment only.
 Alignment padding stays inside its segment, after the real tokens, so it never changes them.
+A shared-prefix preference row (``branch_ids``, `tightpack.runtime.preference_batch`) narrows this
+further: within a segment, a token of a branch attends to the shared prompt and to its own branch,
+never to a sibling branch.
 
 - `sdpa_mask`: boolean ``[1, 1, T, T]``, True where attention is allowed (``torch.nn.functional
   .scaled_dot_product_attention`` and transformers' sdpa path).
@@ -39,15 +42,29 @@ def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(bounds) - 1, device=bounds.device), bounds.diff())
 
 
+def _branches(batch: Mapping[str, Any]) -> torch.Tensor | None:
+    """The branch of every token ``[T]`` (-1: shared prompt) of a shared-prefix row, else None."""
+    branches = batch.get("branch_ids")
+    return None if branches is None else branches.reshape(-1).long()
+
+
 def sdpa_mask(batch: Mapping[str, Any]) -> torch.Tensor:
-    """Boolean block-diagonal causal mask ``[1, 1, T, T]``, True = may attend.
+    """Boolean block-diagonal causal mask ``[1, 1, T, T]``, True = may attend; with ``branch_ids``, a
+    branch's tokens see the shared prompt and their own branch only.
 
     >>> sdpa_mask({"cu_seqlens_q": torch.tensor([[0, 2, 3]], dtype=torch.int32)})[0, 0].int().tolist()
     [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    >>> shared = {"cu_seqlens_q": torch.tensor([0, 3], dtype=torch.int32),
+    ...           "branch_ids": torch.tensor([[-1, 0, 1]], dtype=torch.int32)}
+    >>> sdpa_mask(shared)[0, 0].int().tolist()
+    [[1, 0, 0], [1, 1, 0], [1, 0, 1]]
     """
     documents = document_ids(batch)
-    same = documents[:, None] == documents[None, :]
-    return torch.tril(same)[None, None]
+    allowed = documents[:, None] == documents[None, :]
+    branches = _branches(batch)
+    if branches is not None:
+        allowed &= (branches[None, :] == -1) | (branches[None, :] == branches[:, None])
+    return torch.tril(allowed)[None, None]
 
 
 def additive_mask(batch: Mapping[str, Any], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -57,16 +74,26 @@ def additive_mask(batch: Mapping[str, Any], dtype: torch.dtype = torch.float32) 
 
 
 def flex_block_mask(batch: Mapping[str, Any], device: str | torch.device = "cpu"):
-    """A FlexAttention ``BlockMask`` for the row (document mask, causal), built without a dense matrix."""
+    """A FlexAttention ``BlockMask`` for the row (document mask, causal; with ``branch_ids`` the
+    shared-prefix rule of `sdpa_mask`), built without a dense matrix."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     documents = document_ids(batch).to(device)
     total = len(documents)
+    branches = _branches(batch)
 
     def document_causal(batch_index, head, query, key):
         return (documents[query] == documents[key]) & (key <= query)
 
-    return create_block_mask(document_causal, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
+    mask_mod = document_causal
+    if branches is not None:
+        branches = branches.to(device)
+
+        def mask_mod(batch_index, head, query, key):
+            own = (branches[key] == -1) | (branches[key] == branches[query])
+            return document_causal(batch_index, head, query, key) & own
+
+    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
 
 
 def flash_varlen_attention(
@@ -84,6 +111,7 @@ def flash_varlen_attention(
             "flash_varlen_attention needs the flash-attn package (CUDA): pip install flash-attn"
         ) from error
     thd.check_thd_batch(batch)
+    thd.check_block_diagonal(batch, "flash_varlen_attention")
     bounds = thd.physical_boundaries(batch).to(device=q.device)
     longest = int(bounds.diff().max())
     return flash_attn_varlen_func(q, k, v, bounds, bounds, longest, longest, causal=True, **kwargs)

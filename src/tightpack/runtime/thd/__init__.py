@@ -95,6 +95,7 @@ from tightpack.runtime.thd.access import (
     physical_boundaries,
     token_tensor,
 )
+from tightpack.runtime.thd.branches import BRANCH_KEYS, check_block_diagonal, validate_branches
 from tightpack.runtime.thd.contract import (
     CONTRACT,
     LEGACY_KEYS,
@@ -114,6 +115,7 @@ from tightpack.runtime.thd.validate import (
 )
 
 __all__ = [
+    "BRANCH_KEYS",
     "CHECK_ENV",
     "CONTRACT",
     "LEGACY_KEYS",
@@ -122,6 +124,7 @@ __all__ = [
     "TOKEN_KEYS",
     "KeySpec",
     "ThdBatchError",
+    "check_block_diagonal",
     "check_thd_batch",
     "checking",
     "checking_enabled",
@@ -132,5 +135,6 @@ __all__ = [
     "physical_boundaries",
     "set_checking",
     "token_tensor",
+    "validate_branches",
     "validate_thd_batch",
 ]

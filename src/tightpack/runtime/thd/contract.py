@@ -45,6 +45,7 @@ CONTRACT: dict[str, KeySpec] = {
         KeySpec("position_ids", "sequence"),
         KeySpec("padding_mask", "sequence", torch.bool),
         KeySpec("seq_idx", "sequence", torch.int32),
+        KeySpec("branch_ids", "sequence", torch.int32),
         KeySpec("cu_seqlens_q", "boundaries", torch.int32),
         KeySpec("cu_seqlens_kv", "boundaries", torch.int32),
         KeySpec("cu_seqlens_q_padded", "boundaries", torch.int32),

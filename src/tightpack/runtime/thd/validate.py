@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import torch
 
 from tightpack.runtime.thd.access import logical_boundaries, padded_boundaries, physical_boundaries
+from tightpack.runtime.thd.branches import validate_branches
 from tightpack.runtime.thd.contract import (
     CONTRACT,
     CURRENT_KEYS,
@@ -184,6 +185,10 @@ def validate_thd_batch(batch: Mapping[str, Any], *, cp_size: int | None = 1) -> 
     _check_token_count(batch, stream, rows, physical_rows, logical_rows)
     if reference is not None and shard == 1:
         _check_segments(batch, rows, width, physical_rows, logical_rows, padded)
+    if (batch.get("branch_unit") is not None or batch.get("branch_ids") is not None) and shard == 1:
+        if not stream:
+            _fail("preference keys (branch_unit, branch_ids) are for one packed row: 1-D boundaries, [1, T]")
+        validate_branches(batch)
 
 
 def _check_current_keys(batch: Mapping[str, Any]) -> None:

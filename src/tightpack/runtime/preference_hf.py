@@ -1,0 +1,77 @@
+"""A Hugging Face causal LM on one packed preference row: its keyword arguments and its per-branch
+log-probabilities.
+
+``pairs`` rows run as any packed row (`tightpack.runtime.hf_kwargs.hf_packed_kwargs`: positions
+restarting per sequence, ``cu_seq_lens`` for flash-attention). ``shared-prefix`` rows need a mask
+beyond block-diagonal, which transformers takes as a 4-D ``attention_mask``: an additive float mask
+for ``eager`` and ``sdpa`` (dense, ``T x T``: for rows of a few thousand tokens), a FlexAttention
+``BlockMask`` for ``flex_attention``. Flash-attention's varlen kernels read only boundaries and cannot
+express it: a shared-prefix row with them is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from tightpack.errors import TightpackError
+from tightpack.runtime import masks, thd
+from tightpack.runtime.hf_kwargs import hf_packed_kwargs
+from tightpack.runtime.preference_logps import BranchLogps, sequence_logps
+
+__all__ = ["preference_logps", "preference_model_kwargs"]
+
+_MASKED = ("eager", "sdpa")
+
+
+def _attention(model: torch.nn.Module) -> str:
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "_attn_implementation", None) or "eager"
+
+
+def _dtype(model: torch.nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def preference_model_kwargs(model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``model`` takes for the preference row ``batch`` (``use_cache=False``:
+    with a cache transformers would not find the packed sequences).
+
+    Raises:
+        TightpackError: a shared-prefix row for an attention implementation that cannot take its mask.
+    """
+    if batch.get("branch_ids") is None:
+        return hf_packed_kwargs(batch) | {"use_cache": False}
+    thd.check_thd_batch(batch)
+    attention = _attention(model)
+    device = batch["input_ids"].device
+    if attention == "flex_attention":
+        mask: Any = masks.flex_block_mask(batch, device=device)
+    elif attention in _MASKED:
+        mask = masks.additive_mask(batch, _dtype(model)).to(device)
+    else:
+        raise TightpackError(
+            f"a shared-prefix row needs a mask beyond block-diagonal, which attn_implementation "
+            f"{attention!r} cannot take (its kernels read only sequence boundaries); load the model with "
+            "attn_implementation='sdpa', 'eager' or 'flex_attention', or build the row with layout='pairs'"
+        )
+    return {
+        "input_ids": batch["input_ids"],
+        "position_ids": batch["position_ids"],
+        "attention_mask": mask,
+        "use_cache": False,
+    }
+
+
+def preference_logps(model: torch.nn.Module, batch: Mapping[str, Any], **forward_kwargs: Any) -> BranchLogps:
+    """Run ``model`` on the preference row ``batch`` and return every branch's log-probabilities.
+
+    >>> # logps = preference_logps(model, build_preference_row(units, "shared-prefix"))
+    >>> # chosen, rejected = chosen_rejected(logps.sums, batch)
+    """
+    output = model(**preference_model_kwargs(model, batch), **forward_kwargs)
+    logits = output.logits if hasattr(output, "logits") else output[0]
+    return sequence_logps(logits, batch)
