@@ -28,15 +28,7 @@ import numpy as np
 from tightpack.core.alignment import ceil_to_multiple
 from tightpack.errors import check_choice
 
-__all__ = [
-    "LAYOUTS",
-    "Layout",
-    "PreferenceUnits",
-    "UnitFit",
-    "concatenated_ranges",
-    "fit_units",
-    "unit_sizes",
-]
+__all__ = ["PreferenceUnits", "UnitFit", "fit_units", "unit_sizes"]
 
 Layout = Literal["pairs", "shared-prefix"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)

@@ -34,7 +34,7 @@ from tightpack.prepare.rendered import RowError
 from tightpack.prepare.tokenize import BadRow, Encoder
 from tightpack.prepare.tokenizer import TokenizerSpec
 
-__all__ = ["PREFERENCE_KINDS", "PreferenceEncoder", "PreferenceKind", "TokenizedUnits", "branch_rows"]
+__all__ = ["PreferenceEncoder", "TokenizedUnits", "branch_rows"]
 
 PreferenceKind = Literal["preference", "kto", "groups"]
 PREFERENCE_KINDS: tuple[str, ...] = get_args(PreferenceKind)

@@ -42,7 +42,7 @@ from tightpack.core.preference_units import LAYOUTS, Layout, PreferenceUnits, co
 from tightpack.errors import TightpackError, check_choice
 from tightpack.runtime import thd
 
-__all__ = ["PER_BRANCH_KEYS", "build_preference_row"]
+__all__ = ["build_preference_row"]
 
 PER_BRANCH_KEYS = {"labels": "branch_label", "rewards": "branch_reward", "advantages": "branch_advantage"}
 """The optional per-branch values of `PreferenceUnits` and the batch keys that carry them."""
