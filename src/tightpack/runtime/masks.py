@@ -48,9 +48,19 @@ def _branches(batch: Mapping[str, Any]) -> torch.Tensor | None:
     return None if branches is None else branches.reshape(-1).long()
 
 
-def sdpa_mask(batch: Mapping[str, Any]) -> torch.Tensor:
+def _window(batch: Mapping[str, Any], sliding_window: int | None) -> torch.Tensor | None:
+    """The positions of the row ``[T]`` when a sliding window applies (distances are position distances)."""
+    if sliding_window is None:
+        return None
+    if sliding_window < 1:
+        raise TightpackError(f"sliding_window must be >= 1, got {sliding_window}")
+    return batch["position_ids"].reshape(-1).long()
+
+
+def sdpa_mask(batch: Mapping[str, Any], sliding_window: int | None = None) -> torch.Tensor:
     """Boolean block-diagonal causal mask ``[1, 1, T, T]``, True = may attend; with ``branch_ids``, a
-    branch's tokens see the shared prompt and their own branch only.
+    branch's tokens see the shared prompt and their own branch only; with ``sliding_window`` ``w``, a
+    token sees the last ``w`` positions only (transformers' rule: ``position(q) - position(k) < w``).
 
     >>> sdpa_mask({"cu_seqlens_q": torch.tensor([[0, 2, 3]], dtype=torch.int32)})[0, 0].int().tolist()
     [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
@@ -64,18 +74,26 @@ def sdpa_mask(batch: Mapping[str, Any]) -> torch.Tensor:
     branches = _branches(batch)
     if branches is not None:
         allowed &= (branches[None, :] == -1) | (branches[None, :] == branches[:, None])
+    positions = _window(batch, sliding_window)
+    if positions is not None:
+        allowed &= (positions[:, None] - positions[None, :]) < sliding_window
     return torch.tril(allowed)[None, None]
 
 
-def additive_mask(batch: Mapping[str, Any], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Float block-diagonal causal mask ``[1, 1, T, T]``: 0 where allowed, ``finfo(dtype).min`` elsewhere."""
-    allowed = sdpa_mask(batch)
+def additive_mask(
+    batch: Mapping[str, Any], dtype: torch.dtype = torch.float32, sliding_window: int | None = None
+) -> torch.Tensor:
+    """Float block-diagonal causal mask ``[1, 1, T, T]``: 0 where allowed, ``finfo(dtype).min`` elsewhere
+    (`sdpa_mask`'s rule)."""
+    allowed = sdpa_mask(batch, sliding_window)
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def flex_block_mask(batch: Mapping[str, Any], device: str | torch.device = "cpu"):
-    """A FlexAttention ``BlockMask`` for the row (document mask, causal; with ``branch_ids`` the
-    shared-prefix rule of `sdpa_mask`), built without a dense matrix."""
+def flex_block_mask(
+    batch: Mapping[str, Any], device: str | torch.device = "cpu", sliding_window: int | None = None
+):
+    """A FlexAttention ``BlockMask`` for the row (`sdpa_mask`'s rule: document, causal, the
+    shared-prefix branches, the sliding window), built without a dense matrix."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     documents = document_ids(batch).to(device)
@@ -92,6 +110,15 @@ def flex_block_mask(batch: Mapping[str, Any], device: str | torch.device = "cpu"
         def mask_mod(batch_index, head, query, key):
             own = (branches[key] == -1) | (branches[key] == branches[query])
             return document_causal(batch_index, head, query, key) & own
+
+    positions = _window(batch, sliding_window)
+    if positions is not None:
+        positions = positions.to(device)
+        unwindowed = mask_mod
+
+        def mask_mod(batch_index, head, query, key):
+            near = positions[query] - positions[key] < sliding_window
+            return unwindowed(batch_index, head, query, key) & near
 
     return create_block_mask(mask_mod, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
 

@@ -11,7 +11,7 @@ express it: a shared-prefix row with them is refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from tightpack.runtime import masks, thd
 from tightpack.runtime.hf_kwargs import hf_packed_kwargs
 from tightpack.runtime.preference_logps import BranchLogps, sequence_logps
 
-__all__ = ["preference_logps", "preference_model_kwargs"]
+__all__ = ["attention_masks", "preference_logps", "preference_model_kwargs"]
 
 _MASKED = ("eager", "sdpa")
 
@@ -46,24 +46,63 @@ def preference_model_kwargs(model: torch.nn.Module, batch: Mapping[str, Any]) ->
     if batch.get("branch_ids") is None:
         return hf_packed_kwargs(batch) | {"use_cache": False}
     thd.check_thd_batch(batch)
+    return {
+        "input_ids": batch["input_ids"],
+        "position_ids": batch["position_ids"],
+        "attention_mask": attention_masks(model, batch),
+        "use_cache": False,
+    }
+
+
+def attention_masks(model: torch.nn.Module, batch: Mapping[str, Any]) -> Any:
+    """The ``attention_mask`` ``model`` takes for the row ``batch`` (`tightpack.runtime.masks`'s rule
+    over its boundaries, ``branch_ids`` when present, and the model's sliding windows): an additive
+    ``[1, 1, T, T]`` mask in the model's dtype for eager and sdpa, a ``BlockMask`` for flex attention,
+    or ``{layer type: mask}`` for a model whose layers differ (``config.layer_types``).
+
+    Raises:
+        TightpackError: an attention implementation, or a layer type, that cannot take such a mask.
+    """
     attention = _attention(model)
-    device = batch["input_ids"].device
+    device = batch["position_ids"].device
     if attention == "flex_attention":
-        mask: Any = masks.flex_block_mask(batch, device=device)
+
+        def make(window: int | None) -> Any:
+            return masks.flex_block_mask(batch, device=device, sliding_window=window)
+
     elif attention in _MASKED:
-        mask = masks.additive_mask(batch, _dtype(model)).to(device)
+
+        def make(window: int | None) -> Any:
+            return masks.additive_mask(batch, _dtype(model), sliding_window=window).to(device)
+
     else:
         raise TightpackError(
             f"a shared-prefix row needs a mask beyond block-diagonal, which attn_implementation "
             f"{attention!r} cannot take (its kernels read only sequence boundaries); load the model with "
             "attn_implementation='sdpa', 'eager' or 'flex_attention', or build the row with layout='pairs'"
         )
-    return {
-        "input_ids": batch["input_ids"],
-        "position_ids": batch["position_ids"],
-        "attention_mask": mask,
-        "use_cache": False,
-    }
+    return _layer_masks(model, make)
+
+
+def _layer_masks(model: torch.nn.Module, make: Callable[[int | None], Any]) -> Any:
+    """The mask for every kind of layer the model has. A given mask replaces the ones transformers
+    builds, sliding windows included, so the window is applied here: one mask for a model whose
+    layers are all alike (a Mistral-style window on every layer), else ``{layer type: mask}``, which
+    models with ``config.layer_types`` (Gemma 2 and 3, Qwen2 and 3, ...) take as given."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if not kinds:
+        return make(window)
+    other = sorted(kinds - {"full_attention", "sliding_attention"})
+    if other:
+        raise TightpackError(
+            f"a shared-prefix row needs every layer to take its mask, and this model has {', '.join(other)} "
+            "layers (chunked attention or state that runs along the row); build the row with layout='pairs'"
+        )
+    built = {kind: make(window if kind == "sliding_attention" else None) for kind in sorted(kinds)}
+    return built if len(built) > 1 else next(iter(built.values()))
 
 
 def preference_logps(model: torch.nn.Module, batch: Mapping[str, Any], **forward_kwargs: Any) -> BranchLogps:

@@ -27,6 +27,7 @@ from tightpack.errors import TightpackError
 from tightpack.logs import logger
 from tightpack.runtime import thd
 from tightpack.runtime.equivalence.leak_layers import locate_leak, text_config
+from tightpack.runtime.equivalence.preference import probe_shared_prefix
 from tightpack.runtime.equivalence.probe import (
     GAP_FRACTION,
     LEAK_FRACTION,
@@ -292,8 +293,9 @@ def check_packing(
     """Probe ``model`` on ``batch`` and stop on a failed probe; log one line when it passes.
 
     ``batch`` is a THD batch (``cu_seqlens_q``; then ``model_kwargs`` builds the model's arguments,
-    default `tightpack.runtime.hf_kwargs.model_kwargs`, what ``packed_forward`` passes) or the keyword
-    arguments of a training forward (what ``Trainer`` passes the model).
+    default `tightpack.runtime.hf_kwargs.model_kwargs`, what ``packed_forward`` passes), a shared-prefix
+    preference row (``branch_ids``: `tightpack.runtime.equivalence.preference.probe_shared_prefix`) or
+    the keyword arguments of a training forward (what ``Trainer`` passes the model).
 
     >>> # report = check_packing(model, collator(rows))  # raises PackingLeakError when it fails
 
@@ -302,7 +304,9 @@ def check_packing(
             the leak enters (when found) and what to do; ``.report`` holds the `ProbeReport`.
         ProbeSkipped: the batch cannot give a probe.
     """
-    if thd.is_packed(batch):
+    if batch.get("branch_ids") is not None:  # a shared-prefix preference row: siblings must not meet
+        report = probe_shared_prefix(model, batch, describe=describe_model(model))
+    elif thd.is_packed(batch):
         report = probe_batch(model, batch, model_kwargs or packed_forward_kwargs)
     else:
         report = probe_model_inputs(model, batch)
