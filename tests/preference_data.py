@@ -22,9 +22,13 @@ def conversations(count: int, *, start: int = 0) -> list[list[dict]]:
 
 def conversation_pairs(count: int) -> list[dict]:
     """``prompt`` (the opening user turn) / ``chosen`` / ``rejected`` (one assistant message each)."""
-    talks = conversations(count + 1)
+    talks = conversations(count + 8)
+
+    def other_reply(i: int) -> dict:  # the next conversation's reply that is not this one's
+        return next(talk[1] for talk in talks[i + 1 :] if talk[1]["content"] != talks[i][1]["content"])
+
     return [
-        {"prompt": [talk[0]], "chosen": [talk[1]], "rejected": [talks[i + 1][1]]}
+        {"prompt": [talk[0]], "chosen": [talk[1]], "rejected": [other_reply(i)]}
         for i, talk in enumerate(talks[:count])
     ]
 

@@ -26,9 +26,11 @@ from typing import Literal, get_args
 import numpy as np
 
 from tightpack.core.alignment import ceil_to_multiple
+from tightpack.core.pack_plan import PackPlan
+from tightpack.core.planner import plan_packs
 from tightpack.errors import check_choice
 
-__all__ = ["PreferenceUnits", "UnitFit", "fit_units", "unit_sizes"]
+__all__ = ["PreferenceUnits", "UnitFit", "fit_units", "plan_units", "unit_sizes"]
 
 Layout = Literal["pairs", "shared-prefix"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -296,3 +298,21 @@ def fit_units(units: PreferenceUnits, cap: int, layout: Layout, *, pad_to_multip
     fitted = units.with_lengths(prompt_keep, branch_keep)
     kept = np.setdiff1d(np.arange(len(units)), np.fromiter(dropped, dtype=np.int64, count=len(dropped)))
     return UnitFit(fitted.select(kept), kept, trimmed, cut, dropped)
+
+
+def plan_units(
+    units: PreferenceUnits,
+    pack_size: int,
+    layout: Layout,
+    *,
+    pad_to_multiple_of: int = 1,
+    algorithm: str = "bfd",
+) -> PackPlan:
+    """Pack whole units into packs of ``pack_size`` tokens: the planner (`tightpack.core.planner`)
+    over every unit's `unit_sizes`, so no unit is ever split. Fit them first (`fit_units`).
+
+    >>> units = PreferenceUnits.from_lists([[1, 2, 3], [4]], [[7, 8], [9], [5], [6]], [2, 2])
+    >>> [pack.tolist() for pack in plan_units(units, 10, "pairs")]
+    [[0], [1]]
+    """
+    return plan_packs(unit_sizes(units, layout, pad_to_multiple_of), pack_size, algorithm=algorithm)
