@@ -177,13 +177,13 @@ def _trainer_base():
 
 
 class PackedDPOTrainer(_trainer_base()):
-    """TRL's ``DPOTrainer`` whose forwards run on packed preference rows (the module docstring).
+    """TRL's ``DPOTrainer`` whose forwards run on packed preference rows (the module docstring); it
+    takes ``trl.DPOTrainer``'s arguments, and:
 
     Args:
         preference_layout: ``shared-prefix`` (a pair's prompt once) or ``pairs``.
         probe: check the model on the first packed row with the equivalence probe
             (`tightpack.runtime.equivalence.check_packing`; ``TIGHTPACK_PROBE=0`` turns it off).
-        *args, **kwargs: as ``trl.DPOTrainer``.
 
     >>> # trainer = PackedDPOTrainer(model, args=DPOConfig(...), train_dataset=pairs,
     >>> #                            processing_class=tokenizer, preference_layout="shared-prefix")
