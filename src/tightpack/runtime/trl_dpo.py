@@ -194,6 +194,11 @@ class PackedDPOTrainer(_trainer_base()):
     ):
         check_choice("preference_layout", preference_layout, LAYOUTS)
         super().__init__(*args, **kwargs)
+        if getattr(self, "_is_vision_dataset", False):
+            raise TightpackError(
+                "PackedDPOTrainer packs text pairs; this dataset has images, whose inputs it does not "
+                "pack: train it with trl.DPOTrainer"
+            )
         from accelerate.utils import is_peft_model
 
         model = self.model.get_base_model() if is_peft_model(self.model) else self.model
