@@ -64,10 +64,11 @@ def sdpa_mask(batch: Mapping[str, Any], sliding_window: int | None = None) -> to
 
     >>> sdpa_mask({"cu_seqlens_q": torch.tensor([[0, 2, 3]], dtype=torch.int32)})[0, 0].int().tolist()
     [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
-    >>> shared = {"cu_seqlens_q": torch.tensor([0, 3], dtype=torch.int32),
-    ...           "branch_ids": torch.tensor([[-1, 0, 1]], dtype=torch.int32)}
-    >>> sdpa_mask(shared)[0, 0].int().tolist()
-    [[1, 0, 0], [1, 1, 0], [1, 0, 1]]
+    >>> from tightpack.core.preference_units import PreferenceUnits
+    >>> from tightpack.runtime.preference_batch import build_preference_row
+    >>> shared = build_preference_row(PreferenceUnits.from_lists([[5, 6]], [[7], [8]], [2]), "shared-prefix")
+    >>> shared["branch_ids"].tolist(), sdpa_mask(shared)[0, 0, 3:].int().tolist()  # branch 1's tokens
+    ([[-1, 0, 0, 1, 1]], [[1, 0, 0, 1, 0], [1, 0, 0, 1, 1]])
     """
     documents = document_ids(batch)
     allowed = documents[:, None] == documents[None, :]
