@@ -55,6 +55,8 @@ def _run(trainer_class, tokenizer, pairs, tmp_path, steps=10, **options):
     inputs = {"ref_model": ref, "args": args, "train_dataset": pairs, "processing_class": tokenizer}
     trainer = trainer_class(_model(0), **inputs, **extra)
     trainer.train()
+    # TRL trains in bfloat16 autocast on CPU by default: nothing may leave it switched on afterwards
+    assert not torch.is_autocast_enabled("cpu")
     return [entry for entry in trainer.state.log_history if "loss" in entry and "train_runtime" not in entry]
 
 

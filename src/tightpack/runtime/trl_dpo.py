@@ -127,10 +127,9 @@ _REPLACED = ("input_ids", "attention_mask", "labels", "use_cache")
 """The padded batch's keys that the packed row's own replace."""
 
 
-def _packing_forward(model: torch.nn.Module, layout: Layout, probe: bool) -> None:
+def _packing_forward(model: torch.nn.Module, layout: Layout) -> None:
     """Wrap ``model.forward`` (TRL's fused-head forward) so a DPO forward runs packed."""
     fused_forward = model.forward
-    state = {"probed": not probe}
 
     @functools.wraps(fused_forward)
     def forward(self, *args, fused_lm_head: bool = False, **kwargs):
@@ -139,9 +138,6 @@ def _packing_forward(model: torch.nn.Module, layout: Layout, probe: bool) -> Non
         if not fused_lm_head or args or input_ids is None or labels is None or attention_mask is None:
             return fused_forward(*args, fused_lm_head=fused_lm_head, **kwargs)
         packed = pack_padded_pairs(input_ids, attention_mask, labels != -100, layout)
-        if not state["probed"]:
-            state["probed"] = True
-            _probe(self, packed.row)
         rest = {k: v for k, v in kwargs.items() if k not in _REPLACED}
         model_kwargs = preference_model_kwargs(self, packed.row)
         output = fused_forward(**model_kwargs, shift_labels=packed.row["labels"], fused_lm_head=True, **rest)
@@ -202,7 +198,21 @@ class PackedDPOTrainer(_trainer_base()):
         from accelerate.utils import is_peft_model
 
         model = self.model.get_base_model() if is_peft_model(self.model) else self.model
-        _packing_forward(model, preference_layout, probe)
+        _packing_forward(model, preference_layout)
         if self.ref_model is not None:
-            _packing_forward(self.accelerator.unwrap_model(self.ref_model), preference_layout, probe=False)
+            _packing_forward(self.accelerator.unwrap_model(self.ref_model), preference_layout)
         self.preference_layout = preference_layout
+        self._probe_pending = probe
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        # The probe runs here, before the first packed forward and outside it: a forward that called
+        # the model again would re-enter accelerate's autocast wrapper, whose one context object then
+        # leaves autocast switched on when it exits.
+        if self._probe_pending:
+            self._probe_pending = False
+            completion = inputs["completion_mask"].bool()
+            packed = pack_padded_pairs(
+                inputs["input_ids"], inputs["attention_mask"], completion, self.preference_layout
+            )
+            _probe(model, packed.row)
+        return super().compute_loss(model, inputs, *args, **kwargs)
