@@ -159,6 +159,8 @@ BAD = [
         "the prompt is text",
     ),
     (["not", "an", "object"], "preference", "expected a JSON object"),
+    ({"completion": " a", "label": True}, "kto", "missing key 'prompt'"),
+    ({"prompt": "p", "label": True}, "kto", "missing key 'completion'"),
 ]
 
 
