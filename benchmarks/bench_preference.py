@@ -29,7 +29,8 @@ prompt once plus every branch: shared-prefix less G - 1 per unit), step time (th
 padded pairs and padding_free, and the largest difference of the per-branch log-probabilities and of
 the loss against padded pairs (asserted < 1e-3).
 
-Quick: prompts 512-1k tokens, 1 step, 1 round (about 3 minutes on 2 shared cores); ``--full``: prompts 1k-8k, 2 steps, 3 rounds.
+Quick: prompts 512-1k tokens, 1 step, 1 round (about 3 minutes on 2 shared cores); ``--full``: prompts
+1k-8k, 2 steps, 3 rounds.
 
     .venv/bin/python benchmarks/bench_preference.py [--full] [--pairs-per-step 2] [--out bench-out]
 """
@@ -90,8 +91,14 @@ def long_prompt_rows(count: int, low: int, high: int, seed: int, chars_per_token
         chosen, rejected = answer(), answer()
         while rejected == chosen:
             rejected = answer()
-        rows.append({"prompt": [{"role": "user", "content": message}], "chosen": chosen, "rejected": rejected,
-                     "answers": [chosen, rejected]})  # fmt: skip
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": message}],
+                "chosen": chosen,
+                "rejected": rejected,
+                "answers": [chosen, rejected],
+            }
+        )
     return rows
 
 
@@ -211,8 +218,11 @@ def step_layouts(units: PreferenceUnits, groups: bool) -> list[Layout]:
             if groups
             else f"tightpack {layout}"
         )
-        layouts.append(Layout(name, row, int(row["input_ids"].numel()), lambda m, b: preference_logps(m, b).sums,
-                              identity))  # fmt: skip
+        layouts.append(
+            Layout(
+                name, row, int(row["input_ids"].numel()), lambda m, b: preference_logps(m, b).sums, identity
+            )
+        )
     return layouts
 
 
@@ -251,8 +261,10 @@ def measure(name: str, steps: list[PreferenceUnits], policy, reference, rounds: 
     seconds = {n: float("inf") for n in names}
     for _ in range(rounds):
         for k, n in enumerate(names):
-            total = sum(run_step(layouts[k], policy, reference, loss_of)[2]
-                        for layouts, loss_of in zip(prepared, losses, strict=True))  # fmt: skip
+            total = sum(
+                run_step(layouts[k], policy, reference, loss_of)[2]
+                for layouts, loss_of in zip(prepared, losses, strict=True)
+            )
             seconds[n] = min(seconds[n], total / len(steps))
     units_per_step = float(np.mean([len(u) for u in steps]))
     floor = float(np.mean([u.prompt_lengths.sum() + u.branch_lengths.sum() for u in steps]))
@@ -262,40 +274,56 @@ def measure(name: str, steps: list[PreferenceUnits], policy, reference, rounds: 
         logp_diff = max(float((layouts[k].logps - layouts[0].logps).abs().max()) for layouts in prepared)
         loss_diff = max(float((layouts[k].loss - layouts[0].loss).abs()) for layouts in prepared)
         tokens = float(np.mean([layouts[k].tokens for layouts in prepared]))
-        rows[n] = {"tokens_per_step": tokens, "seconds_per_step": seconds[n],
-                   "units_per_second": units_per_step / seconds[n], "max_logp_difference": logp_diff,
-                   "max_loss_difference": loss_diff}  # fmt: skip
+        rows[n] = {
+            "tokens_per_step": tokens,
+            "seconds_per_step": seconds[n],
+            "units_per_second": units_per_step / seconds[n],
+            "max_logp_difference": logp_diff,
+            "max_loss_difference": loss_diff,
+        }
         if logp_diff >= TOLERANCE or loss_diff >= TOLERANCE:
             raise SystemExit(
                 f"{name}: {n} differs from {base}: log-probs {logp_diff:.2e}, loss {loss_diff:.2e}"
             )
-    for n, row in rows.items():
+    for row in rows.values():
         row["speedup_vs_" + base] = seconds[base] / row["seconds_per_step"]
         row["tokens_vs_" + base] = row["tokens_per_step"] / rows[base]["tokens_per_step"]
         if "padding_free" in rows:
             row["speedup_vs_padding_free"] = seconds["padding_free"] / row["seconds_per_step"]
     prompts = np.concatenate([u.prompt_lengths for u in steps])
     branches = np.concatenate([u.branch_lengths for u in steps])
-    return {"set": name, "steps": len(steps), "units_per_step": units_per_step, "floor_tokens_per_step": floor,
-            "prompt_tokens": [int(prompts.min()), float(prompts.mean()), int(prompts.max())],
-            "branch_tokens": [int(branches.min()), float(branches.mean()), int(branches.max())],
-            "prompt_plus_branches": int(prompts.sum() + branches.sum()),
-            "layouts": rows, "base": base}  # fmt: skip
+    return {
+        "set": name,
+        "steps": len(steps),
+        "units_per_step": units_per_step,
+        "floor_tokens_per_step": floor,
+        "prompt_tokens": [int(prompts.min()), float(prompts.mean()), int(prompts.max())],
+        "branch_tokens": [int(branches.min()), float(branches.mean()), int(branches.max())],
+        "prompt_plus_branches": int(prompts.sum() + branches.sum()),
+        "layouts": rows,
+        "base": base,
+    }
 
 
 def print_set(result: dict, unit: str) -> None:
     p, b = result["prompt_tokens"], result["branch_tokens"]
-    print(f"\n== {result['set']}: {result['steps']} steps x {result['units_per_step']:g} {unit}; prompt tokens "
-          f"{p[0]}-{p[2]} (mean {p[1]:.0f}), branch tokens {b[0]}-{b[2]} (mean {b[1]:.0f}); floor "
-          f"{result['floor_tokens_per_step']:,.0f} tokens/step")  # fmt: skip
-    print(f"{'layout':<24} {'tokens/step':>11} {'vs base':>7} {'s/step':>7} {unit + '/s':>8} {'x base':>6} "
-          f"{'x p_free':>8} {'max |dlogp|':>11} {'|dloss|':>8}")  # fmt: skip
+    print(
+        f"\n== {result['set']}: {result['steps']} steps x {result['units_per_step']:g} {unit}; prompt tokens "
+        f"{p[0]}-{p[2]} (mean {p[1]:.0f}), branch tokens {b[0]}-{b[2]} (mean {b[1]:.0f}); floor "
+        f"{result['floor_tokens_per_step']:,.0f} tokens/step"
+    )
+    print(
+        f"{'layout':<24} {'tokens/step':>11} {'vs base':>7} {'s/step':>7} {unit + '/s':>8} {'x base':>6} "
+        f"{'x p_free':>8} {'max |dlogp|':>11} {'|dloss|':>8}"
+    )
     for n, row in result["layouts"].items():
         free = row.get("speedup_vs_padding_free")
-        print(f"{n:<24} {row['tokens_per_step']:>11,.0f} {row['tokens_vs_' + result['base']]:>7.3f} "
-              f"{row['seconds_per_step']:>7.3f} {row['units_per_second']:>8.2f} "
-              f"{row['speedup_vs_' + result['base']]:>6.2f} {'' if free is None else f'{free:.2f}':>8} "
-              f"{row['max_logp_difference']:>11.2e} {row['max_loss_difference']:>8.1e}")  # fmt: skip
+        print(
+            f"{n:<24} {row['tokens_per_step']:>11,.0f} {row['tokens_vs_' + result['base']]:>7.3f} "
+            f"{row['seconds_per_step']:>7.3f} {row['units_per_second']:>8.2f} "
+            f"{row['speedup_vs_' + result['base']]:>6.2f} {'' if free is None else f'{free:.2f}':>8} "
+            f"{row['max_logp_difference']:>11.2e} {row['max_loss_difference']:>8.1e}"
+        )
 
 
 def main() -> None:
@@ -333,22 +361,32 @@ def main() -> None:
     chars_per_token = len(sample) / max(1, int(probe.prompt_lengths[0]) - 2)
 
     demo = encode(pairs_encoder, conversation_pairs(args.steps * args.demo_pairs_per_step))
-    long_rows = long_prompt_rows(args.steps * args.pairs_per_step, args.prompt_min, args.prompt_max,
-                                 args.seed, chars_per_token)  # fmt: skip
+    long_rows = long_prompt_rows(
+        args.steps * args.pairs_per_step, args.prompt_min, args.prompt_max, args.seed, chars_per_token
+    )
     long_units = encode(
         pairs_encoder, [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in long_rows]
     )
-    group_rows = long_prompt_rows(args.steps * args.groups_per_step, args.prompt_min, args.prompt_max,
-                                  args.seed + 1, chars_per_token)  # fmt: skip
+    group_rows = long_prompt_rows(
+        args.steps * args.groups_per_step, args.prompt_min, args.prompt_max, args.seed + 1, chars_per_token
+    )
     rng = np.random.default_rng(args.seed + 2)
-    spares = [a for r in long_prompt_rows(4 * args.group_size, 8, 8, args.seed + 3, chars_per_token)
-              for a in r["answers"]]  # fmt: skip
+    spares = [
+        a
+        for r in long_prompt_rows(4 * args.group_size, 8, 8, args.seed + 3, chars_per_token)
+        for a in r["answers"]
+    ]
     grouped_rows = []
     for r in group_rows:
         extra = [spares[int(i)] for i in rng.choice(len(spares), args.group_size - 2, replace=False)]
         completions = r["answers"] + extra
-        grouped_rows.append({"prompt": r["prompt"], "completions": completions,
-                             "rewards": [float(x) for x in rng.random(args.group_size)]})  # fmt: skip
+        grouped_rows.append(
+            {
+                "prompt": r["prompt"],
+                "completions": completions,
+                "rewards": [float(x) for x in rng.random(args.group_size)],
+            }
+        )
     group_units = encode(groups_encoder, grouped_rows)
 
     def split(units: PreferenceUnits, per_step: int) -> list[PreferenceUnits]:
@@ -358,21 +396,33 @@ def main() -> None:
     reference = tiny_llama(
         tokenizer.vocab_size, seed=args.seed + 1, hidden=args.hidden, layers=args.layers
     ).eval()
-    model_text = (f"Llama hidden {args.hidden}, {args.layers} layers, vocab {tokenizer.vocab_size}, float32, "
-                  f"sdpa; {torch.get_num_threads()} threads")  # fmt: skip
+    model_text = (
+        f"Llama hidden {args.hidden}, {args.layers} layers, vocab {tokenizer.vocab_size}, float32, "
+        f"sdpa; {torch.get_num_threads()} threads"
+    )
     print(
         f"tokenizer: {tokenizer.name if hasattr(tokenizer, 'name') else 'byte-level BPE 1024'}; {model_text}"
     )
     results = [
         measure("demo pairs", split(demo, args.demo_pairs_per_step), policy, reference, args.rounds, False),
-        measure("long-prompt pairs", split(long_units, args.pairs_per_step), policy, reference, args.rounds, False),
-        measure(f"long-prompt groups of {args.group_size}", split(group_units, args.groups_per_step), policy,
-                reference, args.rounds, True),
-    ]  # fmt: skip
+        measure(
+            "long-prompt pairs", split(long_units, args.pairs_per_step), policy, reference, args.rounds, False
+        ),
+        measure(
+            f"long-prompt groups of {args.group_size}",
+            split(group_units, args.groups_per_step),
+            policy,
+            reference,
+            args.rounds,
+            True,
+        ),
+    ]
     for result, unit in zip(results, ("pairs", "pairs", "groups"), strict=True):
         print_set(result, unit)
-    print("\n(padding_free and tightpack pairs compute the same tokens at equal pairs per step: TRL's "
-          "padding_free layout is tightpack's pairs layout in TRL's order)")  # fmt: skip
+    print(
+        "\n(padding_free and tightpack pairs compute the same tokens at equal pairs per step: TRL's "
+        "padding_free layout is tightpack's pairs layout in TRL's order)"
+    )
 
     long = results[1]
     lp = long["layouts"]
@@ -384,14 +434,17 @@ def main() -> None:
     vs_free = lp["tightpack shared-prefix"]["speedup_vs_padding_free"]
     group = results[2]["layouts"]
     vs_separate = group["shared-prefix"]["speedup_vs_separate sequences"]
-    goals = {
-        f"long prompts: shared-prefix tokens {token_share:.3f} of padded <= (P+C+R)/(2P+C+R) = {bound:.3f}":
-            bool(token_share <= bound),
-        f"long prompts: shared-prefix pairs/s {vs_padded:.2f}x padded pairs >= 1.6x": bool(vs_padded >= 1.6),
-        f"long prompts: shared-prefix pairs/s {vs_free:.2f}x padding_free >= 1.3x": bool(vs_free >= 1.3),
-        f"G={args.group_size} long-prompt groups: shared-prefix {vs_separate:.2f}x faster than separate >= 2x":
-            bool(vs_separate >= 2.0),
-    }  # fmt: skip
+    goals = {}
+    goals[
+        f"long prompts: shared-prefix tokens {token_share:.3f} of padded <= (P+C+R)/(2P+C+R) = {bound:.3f}"
+    ] = bool(token_share <= bound)
+    goals[f"long prompts: shared-prefix pairs/s {vs_padded:.2f}x padded pairs >= 1.6x"] = bool(
+        vs_padded >= 1.6
+    )
+    goals[f"long prompts: shared-prefix pairs/s {vs_free:.2f}x padding_free >= 1.3x"] = bool(vs_free >= 1.3)
+    goals[f"G={args.group_size} groups: shared-prefix {vs_separate:.2f}x faster than separate >= 2x"] = bool(
+        vs_separate >= 2.0
+    )
     print("\ngoals:")
     for text, held in goals.items():
         print(f"  [{'holds' if held else 'MISSED'}] {text}")
@@ -399,15 +452,36 @@ def main() -> None:
     tables = {}
     for result, key in zip(results, ("demo_pairs", "long_pairs", "long_groups"), strict=True):
         base = result["base"]
-        columns = ["layout", "tokens / step", f"tokens vs {base}", "s / step", "units / s", f"x {base}",
-                   "x padding_free", "max |d logp|", "|d loss|"]  # fmt: skip
-        table_rows = [[n, row["tokens_per_step"], row["tokens_vs_" + base], row["seconds_per_step"],
-                       row["units_per_second"], row["speedup_vs_" + base], row.get("speedup_vs_padding_free"),
-                       row["max_logp_difference"], row["max_loss_difference"]]
-                      for n, row in result["layouts"].items()]  # fmt: skip
+        columns = [
+            "layout",
+            "tokens / step",
+            f"tokens vs {base}",
+            "s / step",
+            "units / s",
+            f"x {base}",
+            "x padding_free",
+            "max |d logp|",
+            "|d loss|",
+        ]
+        table_rows = [
+            [
+                n,
+                row["tokens_per_step"],
+                row["tokens_vs_" + base],
+                row["seconds_per_step"],
+                row["units_per_second"],
+                row["speedup_vs_" + base],
+                row.get("speedup_vs_padding_free"),
+                row["max_logp_difference"],
+                row["max_loss_difference"],
+            ]
+            for n, row in result["layouts"].items()
+        ]
         p = result["prompt_tokens"]
-        title = (f"{result['set']}: {result['units_per_step']:g} per step, prompts {p[0]}-{p[2]} tokens, floor "
-                 f"{result['floor_tokens_per_step']:,.0f} tokens/step")  # fmt: skip
+        title = (
+            f"{result['set']}: {result['units_per_step']:g} per step, prompts {p[0]}-{p[2]} tokens, floor "
+            f"{result['floor_tokens_per_step']:,.0f} tokens/step"
+        )
         tables[key] = table(columns, table_rows, title)
     figures = {
         "tokenizer": "byte-level BPE 1024 trained on the demo corpus",
@@ -421,8 +495,15 @@ def main() -> None:
             row["max_logp_difference"] for r in results for row in r["layouts"].values()
         ),
     } | {f"goal: {text}": held for text, held in goals.items()}
-    write_result("preference", args, size, figures=figures, tables=tables,
-                 report={"sets": results, "goals": goals}, seconds=time.perf_counter() - started)  # fmt: skip
+    write_result(
+        "preference",
+        args,
+        size,
+        figures=figures,
+        tables=tables,
+        report={"sets": results, "goals": goals},
+        seconds=time.perf_counter() - started,
+    )
 
 
 if __name__ == "__main__":
