@@ -640,6 +640,20 @@ def test_collator_bad_rows_raise_without_skip_and_an_empty_batch_raises(gpt2):
     strict = PreferenceCollator(gpt2, kind="groups", layout="shared-prefix", max_length=CAP)
     with pytest.raises(TightpackError, match=r"a group needs at least 2 completions .* skip_bad_rows=True"):
         strict([*GROUP_ROWS[:1], BAD_ROW])
-    with pytest.raises(TightpackError, match=r"no unit of the 1 rows is left to collate .* raise max_length"):
+    with pytest.raises(
+        TightpackError, match=r"no unit of the 1 rows is left to collate: 1 units over max_length=9"
+    ):
         strict(GROUP_ROWS[3:])
     assert strict.last_batch_counts["dropped_too_long"] == 1
+
+
+def test_a_batch_of_bad_rows_under_skip_bad_rows_says_so_and_keeps_every_reason(gpt2):
+    from tightpack.runtime.preference_collate import PreferenceCollator
+
+    collate = PreferenceCollator(gpt2, kind="groups", skip_bad_rows=True)
+    bad = [BAD_ROW, {"prompt": "Q", "completions": [" a", " b"], "rewards": [1.0]}]
+    with pytest.raises(TightpackError, match=r"no unit of the 2 rows is left to collate: 2 bad rows"):
+        collate(bad)
+    reasons = [row.reason for row in collate.last_bad_rows]
+    assert len(reasons) == 2 and "at least 2 completions" in reasons[0] and "'rewards' must be" in reasons[1]
+    assert [row.location for row in collate.last_bad_rows] == ["batch row 0", "batch row 1"]

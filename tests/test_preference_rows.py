@@ -14,6 +14,7 @@ from tightpack.prepare.format_config import FormatConfig
 from tightpack.prepare.preference_rows import PreferenceEncoder
 from tightpack.prepare.tokenize import Encoder
 from tightpack.prepare.tokenizer import load_tokenizer
+from tightpack.runtime.thd import validate_thd_batch
 
 from .chat_templates import template_folders
 
@@ -128,6 +129,9 @@ def test_kto_and_groups_carry_labels_and_rewards(gpt2):
 
 BAD = [
     ({"prompt": "p", "chosen": " a"}, "preference", "missing key 'rejected'"),
+    ({"prompt": "p", "chosen": None, "rejected": " a"}, "preference", "missing key 'chosen', or it is null"),
+    ({"prompt": "p", "completion": " a", "label": True}, "preference", "is a KTO row: kind='kto'"),
+    ({"prompt": "p", "completion": " a"}, "kto", "missing key 'label', or it is null"),
     ({"prompt": "p", "rejected": " a"}, "preference", "missing key 'chosen'"),
     ({"prompt": "p", "chosen": "", "rejected": " a"}, "preference", "'chosen' is empty"),
     ({"prompt": [{"role": "user", "content": "q"}], "chosen": [], "rejected": "a"}, "preference", "is empty"),
@@ -280,3 +284,34 @@ def test_select_with_lengths_and_branch_indices_vs_python():
     starts, lengths = rng.integers(0, 50, size=20), rng.integers(0, 5, size=20)
     ranges = concatenated_ranges(starts, lengths).tolist()
     assert ranges == [s + i for s, n in zip(starts.tolist(), lengths.tolist(), strict=True) for i in range(n)]
+
+
+@pytest.mark.parametrize("layout", ["pairs", "shared-prefix"])
+def test_a_prompt_whose_end_merges_with_a_branch_keeps_each_branch_its_own_tokens(gpt2, layout):
+    """GPT-2's BPE merges the prompt's trailing space with the branch ``"yes"`` (``" yes"``) but not
+    with ``" no"``: the renderings part before the prompt ends. The prompt kept is what they share;
+    each branch keeps the rest of its own rendering, the merged token supervised as the SFT path
+    supervises it."""
+    from tightpack.prepare.format_config import FormatConfig
+    from tightpack.prepare.tokenize import Encoder
+    from tightpack.runtime.preference_batch import build_preference_row
+
+    row = {"prompt": "Answer with a space ", "chosen": "yes", "rejected": " no"}
+    encoded = PreferenceEncoder(gpt2, "preference").encode_rows([row])
+    assert not encoded.bad_rows
+    units = encoded.units
+    sft = Encoder(gpt2, FormatConfig(format="prompt-completion", input_key="prompt", output_key="completion",
+                                     prompt_template="{prompt}{completion}", truncate_fields=()))  # fmt: skip
+    alone = sft.encode_rows(
+        [{"prompt": row["prompt"], "completion": b} for b in (row["chosen"], row["rejected"])]
+    )
+    bounds = np.concatenate([[0], np.cumsum(alone.lengths)])
+    prompt = units.prompt(0).tolist()
+    for b in range(2):
+        own = alone.tokens[bounds[b] : bounds[b + 1]].tolist()
+        assert prompt + units.branch(b).tolist() == own
+        mask = units.branch_loss_mask[units.branch_offsets[b] : units.branch_offsets[b + 1]].tolist()
+        assert [0] * len(prompt) + mask == alone.loss_mask[bounds[b] : bounds[b + 1]].tolist()
+    prompt_alone = gpt2.backend.encode(row["prompt"], add_special_tokens=False).ids
+    assert len(prompt) < len(prompt_alone), "the renderings part inside the prompt's own tokens"
+    validate_thd_batch(build_preference_row(units, layout))

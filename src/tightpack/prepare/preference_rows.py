@@ -14,8 +14,10 @@ Row kinds (``kind``):
 Every branch is rendered with its prompt by the same formatter and tokenizer as the SFT path
 (`tightpack.prepare.tokenize.Encoder`; text rows as ``{prompt}{completion}``, conversations with the
 chat template, EOS appended as there). Where the prompt ends is where the branch's loss mask starts:
-the chat template's generation prompt belongs to the prompt. The prompt is kept once per unit, so
-every branch must start with the same prompt tokens; a row whose branches do not is a bad row.
+the chat template's generation prompt belongs to the prompt. The prompt is kept once per unit: the
+tokens every branch's rendering starts with, up to there. Where a tokenizer merges the prompt's end
+with a branch's start (text rows), the differing tokens belong to each branch, unsupervised, so every
+branch still trains on exactly the tokens of its own rendering.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def _unweighted(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _branch_rows(prompt: Any, branches: list[Any], names: list[str]) -> tuple[list[dict[str, Any]], bool]:
     for branch, name in zip(branches, names, strict=True):
         if branch is None:
-            raise RowError(f"missing key {name.split('[')[0]!r}")
+            raise RowError(f"missing key {name.split('[')[0]!r}, or it is null")
         if branch == "" or branch == []:
             raise RowError(f"{name!r} is empty: a branch needs at least one token after the prompt")
     if isinstance(prompt, str):
@@ -133,7 +135,10 @@ def branch_rows(row: Any, kind: PreferenceKind) -> BranchRows:
     if kind == "preference":
         chosen, rejected = row.get("chosen"), row.get("rejected")
         if chosen is None or rejected is None:
-            raise RowError(f"missing key {'chosen' if chosen is None else 'rejected'!r}")
+            hint = (
+                " (a row of prompt, completion and label is a KTO row: kind='kto')" if "label" in row else ""
+            )
+            raise RowError(f"missing key {'chosen' if chosen is None else 'rejected'!r}, or it is null{hint}")
         if prompt is None:
             prompt, chosen, rejected = _implicit_prompt(chosen, rejected)
         if chosen == rejected:
@@ -141,6 +146,8 @@ def branch_rows(row: Any, kind: PreferenceKind) -> BranchRows:
         branches, names = [chosen, rejected], ["chosen", "rejected"]
     elif kind == "kto":
         label = row.get("label")
+        if label is None:
+            raise RowError("missing key 'label', or it is null (true or false: desirable or not)")
         if not isinstance(label, bool):
             raise RowError(f"'label' must be true or false (desirable or not), got {label!r:.40}")
         branches, names, values = [row.get("completion")], ["completion"], {"labels": [label]}
@@ -248,27 +255,33 @@ class PreferenceEncoder:
 
 
 def _split_prompt(branches: list[tuple[np.ndarray, np.ndarray]], names: list[str]):
-    """The prompt (the tokens before the first branch's loss starts) and every branch after it."""
+    """The prompt and every branch after it. The prompt is the run of tokens all the branches'
+    renderings start with, up to where the first of their losses starts; what follows in a branch is
+    its own, supervised where the rendering's mask says (tokens where the tokenizer merged the
+    prompt's end with the branch's start stay unsupervised there)."""
     starts = []
     for (_, mask), name in zip(branches, names, strict=True):
         supervised = np.flatnonzero(mask)
         if len(supervised) == 0:
             raise RowError(f"{name!r} has no supervised token after the prompt")
         starts.append(int(supervised[0]))
-    start, first_tokens = starts[0], branches[0][0]
-    if start == 0:
-        raise RowError("the prompt renders to no tokens: a branch's loss starts at its first token")
-    for (tokens, _), name, other in zip(branches[1:], names[1:], starts[1:], strict=True):
-        if other != start or not np.array_equal(tokens[:start], first_tokens[:start]):
-            raise RowError(
-                f"the rendering of {name!r} does not start with the prompt's {start} tokens as "
-                f"{names[0]!r}'s does (the tokenizer or chat template renders the prompt differently "
-                "before each branch), so the prompt cannot be shared"
-            )
+    first_tokens = branches[0][0]
+    shared = min(starts)
+    for tokens, _ in branches[1:]:
+        differ = np.flatnonzero(tokens[:shared] != first_tokens[:shared])
+        shared = int(differ[0]) if len(differ) else shared
+    if shared == 0:
+        reason = (
+            "the prompt renders to no tokens: a branch's loss starts at its first token"
+            if min(starts) == 0
+            else f"the renderings of {', '.join(map(repr, names))} share no first token, so they have no "
+            "prompt in common"
+        )
+        raise RowError(reason)
     return (
-        first_tokens[:start],
-        [tokens[start:] for tokens, _ in branches],
-        [mask[start:] for _, mask in branches],
+        first_tokens[:shared],
+        [tokens[shared:] for tokens, _ in branches],
+        [mask[shared:] for _, mask in branches],
     )
 
 

@@ -17,6 +17,7 @@ from tightpack.core.preference_units import LAYOUTS, Layout, fit_units
 from tightpack.errors import TightpackError, check_choice
 from tightpack.logs import logger
 from tightpack.prepare.preference_rows import PreferenceEncoder, PreferenceKind
+from tightpack.prepare.tokenize import BadRow
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.runtime.preference_batch import build_preference_row
 
@@ -72,18 +73,20 @@ class PreferenceCollator:
         self.pad_token_id = spec.eos_id if pad_token_id is None else pad_token_id
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
         self.last_batch_counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
+        self.last_bad_rows: list[BadRow] = []
 
     def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
         encoded = self.encoder.encode_rows(list(rows), source="batch")
         counts: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
+        self.last_bad_rows = encoded.bad_rows
         if encoded.bad_rows:
             first = encoded.bad_rows[0]
             if not self.skip_bad_rows:
                 raise TightpackError(
                     f"{first.location}: {first.reason} (fix the row, or pass skip_bad_rows=True)"
                 )
-            logger().warning("left out %d bad rows of the batch; the first: %s: %s", len(encoded.bad_rows),
-                             first.location, first.reason)  # fmt: skip
+            for bad in encoded.bad_rows:
+                logger().warning("left out a bad row: %s: %s", bad.location, bad.reason)
             counts["bad_rows"] = len(encoded.bad_rows)
         units = encoded.units
         if self.max_length is not None and len(units):
@@ -95,10 +98,13 @@ class PreferenceCollator:
         self.last_batch_counts = counts
         self.counts.update(counts)
         if len(units) == 0:
-            raise TightpackError(
-                f"no unit of the {len(rows)} rows is left to collate ({dict(counts)}): raise max_length, or "
-                "fix the rows"
-            )
+            reasons = []
+            if counts["bad_rows"]:
+                reasons.append(f"{counts['bad_rows']} bad rows (last_bad_rows has their reasons)")
+            if counts["dropped_too_long"]:
+                reasons.append(f"{counts['dropped_too_long']} units over max_length={self.max_length}")
+            why = ", ".join(reasons) or "no rows were given"
+            raise TightpackError(f"no unit of the {len(rows)} rows is left to collate: {why}")
         return build_preference_row(
             units,
             self.layout,
