@@ -130,16 +130,17 @@ def flash_varlen_attention(
     """``flash_attn_varlen_func`` over the row's segments; ``q``, ``k``, ``v`` are ``[T, heads, dim]``.
 
     Raises:
+        ThdBatchError: a shared-prefix preference row, which its boundaries cannot express.
         TightpackError: when flash-attn is not installed.
     """
+    thd.check_thd_batch(batch)
+    thd.check_block_diagonal(batch, "flash_varlen_attention")
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError as error:
         raise TightpackError(
             "flash_varlen_attention needs the flash-attn package (CUDA): pip install flash-attn"
         ) from error
-    thd.check_thd_batch(batch)
-    thd.check_block_diagonal(batch, "flash_varlen_attention")
     bounds = thd.physical_boundaries(batch).to(device=q.device)
     longest = int(bounds.diff().max())
     return flash_attn_varlen_func(q, k, v, bounds, bounds, longest, longest, causal=True, **kwargs)
