@@ -1,6 +1,6 @@
 """Tests of `tightpack.core.planner`: every algorithm against a slow reference, plus invariants.
 
-References (contract §2.5, §8.10):
+References (docs/contract.md §2.5):
 
 - ``first_fit``: the O(N x bins) linear scan; ``ffd`` is that scan on the stable-descending order and
   ``first_fit_shuffle`` is that scan on ``np.random.default_rng(seed).permutation(n)``.

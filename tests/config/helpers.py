@@ -1,9 +1,9 @@
 """Shared by the tests of `tightpack.config`: clean base configurations, patch builders, and the CLI runner.
 
 Each rule case is a configuration that triggers the rule and the nearest one that does not, both built by
-patching one of the clean base configurations below. Expected numbers are derived by hand from contract §5
-(k = lcm over train and eval CP of (2*cp if cp > 1) and (cp*tp under SP)) and from the cases of the
-reference's ``tests/unit_tests/training/test_config.py`` (contract §8.2).
+patching one of the clean base configurations below. Expected numbers are derived by hand from
+docs/contract.md §2.4 and §5 (k = lcm over train and eval CP of (2*cp if cp > 1) and (cp*tp under SP))
+and from the cases of the reference's ``tests/unit_tests/training/test_config.py`` (the rules of §5).
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from .helpers import (
 @pytest.mark.parametrize(
     ("config", "in_batch", "non_packed"),
     [
-        # Contract §8.2: CP2/TP4/SP -> lcm(4, 8) = 8; the non-packed multiple is lcm(user 3, 8) = 24.
+        # docs/contract.md §2.4 and §5 (R14): CP2/TP4/SP -> lcm(4, 8) = 8; the non-packed multiple is
+        # lcm(user 3, 8) = 24.
         (merge(IN_BATCH, SP_CP2_TP4), 8, None),
         (merge(DIRECT_HF, SP_CP2_TP4, data(pad_to_multiple_of=3)), None, 24),
         # CP2/TP2/SP and eval CP4: lcm(4, 4, 8, 8) = 8.

@@ -35,7 +35,7 @@ for an ndarray field silently adds instead of appending. For the same reason the
 three required values as Python lists.
 
 Row contents are checked for shape and type only (1-D integer arrays, a 0/1 ``loss_mask``); the row
-invariants of section 2.7 (``seq_start_id`` starts at 0, increases, stays inside the row) are not.
+invariants of docs/contract.md §2.7 (``seq_start_id`` starts at 0, increases, stays inside the row) are not.
 """
 
 from __future__ import annotations

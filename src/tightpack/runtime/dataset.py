@@ -6,7 +6,7 @@ Rows come back as ``{input_ids, loss_mask, seq_start_id[, seq_len]}`` numpy arra
 instead of decoding a row group. Files are opened lazily in each process, after DataLoader workers
 start; the constructor only reads Parquet footers (schema and row counts).
 
-Contract section 2.9: a negative index is a padding row (the batch sampler pads the last global
+docs/contract.md §2.9: a negative index is a padding row (the batch sampler pads the last global
 batch with -1): real tokens, all-zero loss mask. Beyond the reference, such a row also carries
 ``padding_row: True`` (real rows have no such key): a collate that rebuilds the loss mask from the
 tokens (``answer_only_loss=False``) could not tell it from a real row otherwise. With

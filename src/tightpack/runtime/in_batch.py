@@ -7,7 +7,8 @@
   ``cu_seqlens_q/kv`` hold the real lengths; ``cu_seqlens_q/kv_padded`` the physical ones, only when
   some segment was padded; ``max_seqlen_q/kv`` is the longest physical segment (a 0-d CPU tensor).
 - `pack_right_padded_batch`: the same from a right-padded ``[B, S]`` batch, written back in place.
-- `pad_or_truncate_batch` / `prepare_sequence_batch`: the collator policy when not packing (section 3.3).
+- `pad_or_truncate_batch` / `prepare_sequence_batch`: the collator policy when not packing
+  (docs/contract.md §3.3).
 
 Errors are ValueErrors checked in the reference's order, with its messages.
 """
