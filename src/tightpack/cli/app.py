@@ -56,6 +56,7 @@ ChatTruncation = _choices("ChatTruncation", get_args(format_config.ChatTruncatio
 OLDEST_TURNS = ChatTruncation("oldest-turns")
 OutputFormat = _choices("OutputFormat", get_args(pack_config.OutputFormat))
 Engine = _choices("Engine", get_args(pack_config.Engine))
+PreferenceLayout = _choices("PreferenceLayout", get_args(pack_config.Layout))
 
 
 def _version(value: bool) -> None:

@@ -30,7 +30,14 @@ TokenizerOption = Annotated[
     str | None,
     typer.Option(help="Hugging Face tokenizer folder or tokenizer.json (default: built-in GPT-2)."),
 ]
-FormatOption = Annotated[Format, typer.Option("--format", help="Sample format.")]
+FormatOption = Annotated[
+    Format,
+    typer.Option(
+        "--format",
+        help="Row format: SFT samples (auto, prompt-completion, chat, tokens) or preference units "
+        "(preference: prompt/chosen/rejected, kto: prompt/completion/label, groups: prompt/completions).",
+    ),
+]
 LossOnOption = Annotated[
     LossOn, typer.Option(help="Chat loss: assistant turns, the last turn, or all tokens.")
 ]

@@ -21,6 +21,7 @@ from tightpack.cli.app import (
     LongSamples,
     LossOn,
     OutputFormat,
+    PreferenceLayout,
     TruncationMethod,
     app,
     print_bad_rows,
@@ -114,6 +115,14 @@ def pack(
             help="With --engine ray: 'auto' or host:port joins a running cluster; default: a local one."
         ),
     ] = None,
+    preference_layout: Annotated[
+        PreferenceLayout,
+        typer.Option(
+            help="With --format preference|kto|groups: pairs (each branch its own sequence, prompt "
+            "included) or shared-prefix (the prompt once, its branches after it; needs a mask beyond "
+            "block-diagonal)."
+        ),
+    ] = PreferenceLayout.pairs,
     seed: options.Seed = 0,
     reuse: options.Reuse = True,
     skip_bad_lines: options.SkipBadLines = False,
@@ -167,6 +176,7 @@ def pack(
         reuse_store=reuse,
         skip_bad_lines=skip_bad_lines,
         output_format=output_format.value,
+        preference_layout=preference_layout.value,
         format=options.format_config(
             format=format,
             input_key=input_key,
@@ -198,7 +208,7 @@ def pack(
             )
     except KeyboardInterrupt:  # click would turn it into a silent exit 130
         raise Interrupted(output) from None
-    _print_summary(result)
+    _print_summary(result, config)
     if result.cost_balance:
         before, after = result.cost_balance["before"], result.cost_balance["after"]
         stdout.print(
@@ -230,6 +240,17 @@ _TRUNCATION_LABELS = {
 def _next_steps(result, config) -> str:
     """Where the output is and what to run next, for a person at a terminal."""
     folder = result.output
+    if result.unit_kind is not None:
+        return "\n".join(
+            [
+                f"output: {folder}",
+                f"next:   tightpack verify {folder}",
+                f"        tightpack inspect {folder}",
+                "training: tightpack.runtime.preference_packs.PackedPreferenceDataset("
+                f"{str(folder)!r}) and its collate (docs/preference.md); Megatron-Bridge's SFT reader "
+                "refuses these files on purpose",
+            ]
+        )
     lines = [
         f"output: {folder}",
         f"next:   tightpack verify {folder}" + (f" --cp {config.cp}" if config.cp > 1 else ""),
@@ -243,13 +264,70 @@ def _next_steps(result, config) -> str:
     return "\n".join(lines)
 
 
-def _print_summary(result) -> None:
-    counts, stats = result.counts, result.stats
+def _plan_rows(result, what: str) -> list[tuple[str, str]]:
+    stats = result.stats
     bounds = bounds_text(stats.packs, stats.lower_bound, stats.lower_bound_l2)
+    return [
+        ("packs (lower bound)", f"{stats.packs:,} ({bounds})"),
+        ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {stats.efficiency_at_bound:.2%})"),
+        ("packing factor", f"{stats.packing_factor:.2f} {what}/pack (max {stats.max_samples_per_pack})"),
+    ]
+
+
+def _time_rows(result) -> list[tuple[str, str]]:
+    return [
+        (
+            f"time {stage}",
+            f"{seconds:.2f} s"
+            + (" (token store reused)" if stage == "tokenize" and result.reused_store else ""),
+        )
+        for stage, seconds in result.stage_seconds.items()
+    ]
+
+
+def _unit_rows(result, layout: str) -> list[tuple[str, str]]:
+    """The summary of a run of preference units (`tightpack.offline.preference`)."""
+    counts = result.counts
+    return [
+        ("rows in", f"{counts['samples_in']:,}"),
+        (f"units packed ({result.unit_kind}, {layout})", f"{counts['packed']:,}"),
+        ("  branches", f"{counts['branches_packed']:,}"),
+        ("  of which truncated", f"{counts['truncated']:,}"),
+        *(
+            (f"    {label}", f"{counts[key]:,}")
+            for key, label in (
+                ("truncated_prompt_trimmed", "prompt trimmed"),
+                ("truncated_branches_cut", "branches cut"),
+            )
+            if counts.get(key)
+        ),
+        ("dropped (too long)", f"{counts['dropped_long']:,}"),
+        ("dropped (a cut branch had no supervised token)", f"{counts['no_supervised']:,}"),
+        ("bad rows skipped", f"{counts['bad_rows']:,}"),
+        ("tokens packed / in (prompts once)", f"{counts['tokens_packed']:,} / {counts['tokens_in']:,}"),
+        ("tokens in the layout", f"{counts['layout_tokens']:,}"),
+        ("supervised tokens packed / in", f"{counts['supervised_packed']:,} / {counts['supervised_in']:,}"),
+        ("alignment padding tokens", f"{counts['alignment_padding']:,}"),
+        *_plan_rows(result, "units"),
+        *_time_rows(result),
+    ]
+
+
+def _print_summary(result, config) -> None:
     table = Table(title=f"tightpack pack -> {result.output}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
-    rows = [
+    rows = _sample_rows(result) if result.unit_kind is None else _unit_rows(result, config.preference_layout)
+    for name, value in rows:
+        table.add_row(name, value)
+    stdout.print(table)
+    print_bad_rows([(bad.location, bad.reason) for bad in result.bad_rows], " (listed in the manifest)")
+
+
+def _sample_rows(result) -> list[tuple[str, str]]:
+    """The summary of a run of SFT samples."""
+    counts = result.counts
+    return [
         ("samples in", f"{counts['samples_in']:,}"),
         ("packed", f"{counts['packed']:,}"),
         ("  of which truncated", f"{counts['truncated']:,}"),
@@ -272,19 +350,6 @@ def _print_summary(result) -> None:
         ("tokens packed / in", f"{counts['tokens_packed']:,} / {counts['tokens_in']:,}"),
         ("supervised tokens packed / in", f"{counts['supervised_packed']:,} / {counts['supervised_in']:,}"),
         ("alignment padding tokens", f"{counts['alignment_padding']:,}"),
-        ("packs (lower bound)", f"{stats.packs:,} ({bounds})"),
-        ("efficiency", f"{stats.efficiency:.2%} (at the lower bound: {stats.efficiency_at_bound:.2%})"),
-        ("packing factor", f"{stats.packing_factor:.2f} samples/pack (max {stats.max_samples_per_pack})"),
+        *_plan_rows(result, "samples"),
+        *_time_rows(result),
     ]
-    rows += [
-        (
-            f"time {stage}",
-            f"{seconds:.2f} s"
-            + (" (token store reused)" if stage == "tokenize" and result.reused_store else ""),
-        )
-        for stage, seconds in result.stage_seconds.items()
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    stdout.print(table)
-    print_bad_rows([(bad.location, bad.reason) for bad in result.bad_rows], " (listed in the manifest)")

@@ -112,6 +112,52 @@ class PreferenceUnits:
             advantages=None if advantages is None else np.asarray(advantages, dtype=np.float32),
         )
 
+    @classmethod
+    def concatenate(cls, parts: list[PreferenceUnits]) -> PreferenceUnits:
+        """The units of ``parts``, one after another. A per-branch value set in some parts only is NaN
+        (``rewards``, ``advantages``) in the others; ``labels`` must be set in all or none.
+
+        >>> a = PreferenceUnits.from_lists([[1]], [[2], [3]], [2], rewards=[1.0, 0.0])
+        >>> b = PreferenceUnits.from_lists([[4, 5]], [[6], [7]], [2], source_index=[9])
+        >>> both = PreferenceUnits.concatenate([a, b])
+        >>> both.prompt_lengths.tolist(), both.source_index.tolist(), both.rewards.tolist()
+        ([1, 2], [0, 9], [1.0, 0.0, nan, nan])
+        """
+        if not parts:
+            raise ValueError("concatenate needs at least one part")
+        if len(parts) == 1:
+            return parts[0]
+
+        def joined(name: str) -> np.ndarray:
+            return np.concatenate([getattr(part, name) for part in parts])
+
+        def offsets(name: str) -> np.ndarray:
+            return _offsets(np.concatenate([np.diff(getattr(part, name)) for part in parts]))
+
+        values: dict[str, np.ndarray] = {}
+        for name in ("labels", "rewards", "advantages"):
+            given = [getattr(part, name) for part in parts]
+            if all(value is None for value in given):
+                continue
+            if name == "labels" and any(value is None for value in given):
+                raise ValueError("labels are set in some parts and not in others")
+            values[name] = np.concatenate(
+                [
+                    value if value is not None else np.full(len(part.branch_lengths), np.nan, np.float32)
+                    for part, value in zip(parts, given, strict=True)
+                ]
+            )
+        return cls(
+            prompt_tokens=joined("prompt_tokens"),
+            prompt_offsets=offsets("prompt_offsets"),
+            branch_tokens=joined("branch_tokens"),
+            branch_loss_mask=joined("branch_loss_mask"),
+            branch_offsets=offsets("branch_offsets"),
+            unit_offsets=offsets("unit_offsets"),
+            source_index=joined("source_index"),
+            **values,
+        )
+
     def __len__(self) -> int:
         return len(self.prompt_offsets) - 1
 
@@ -208,6 +254,59 @@ def unit_sizes(units: PreferenceUnits, layout: Layout, pad_to_multiple_of: int =
     return ceil_to_multiple(units.prompt_lengths + branches + units.branches_per_unit - 1, pad_to_multiple_of)
 
 
+def unit_attention_costs(units: PreferenceUnits, layout: Layout, pad_to_multiple_of: int = 1) -> np.ndarray:
+    """Causal attention work of every unit in ``layout``, in the ``s**2`` units of
+    `tightpack.core.stats.PackStats.attention_cost_mean` (a sequence of ``s`` tokens costs ``s**2``),
+    int64 ``[N]``.
+
+    ``pairs``: the sum over its sequences of their aligned length squared. ``shared-prefix``: a branch
+    attends to the shared prompt and to itself, never to a sibling, so the unit costs its size
+    squared less twice every pair of sibling branches: ``p**2 + sum(b**2 + 2 * p * b)`` with ``p`` the
+    shared prompt (``P - 1``) and ``b`` each branch with its copy of the prompt's last token (the
+    alignment tail counted in the last branch).
+
+    >>> units = PreferenceUnits.from_lists([[1, 2, 3]], [[7, 8], [9]], [2])
+    >>> unit_attention_costs(units, "pairs").tolist(), unit_attention_costs(units, "shared-prefix").tolist()
+    ([41], [37])
+    """
+    check_choice("layout", layout, LAYOUTS)
+    prompts = np.repeat(units.prompt_lengths, units.branches_per_unit)
+    if layout == "pairs":
+        return _per_unit_sum(
+            ceil_to_multiple(prompts + units.branch_lengths, pad_to_multiple_of) ** 2, units.unit_offsets
+        )
+    shared = units.prompt_lengths - 1
+    branches = units.branch_lengths + 1
+    last = units.unit_offsets[1:] - 1
+    branches[last] += (
+        unit_sizes(units, layout, pad_to_multiple_of) - shared - _per_unit_sum(branches, units.unit_offsets)
+    )
+    per_branch = branches**2 + 2 * np.repeat(shared, units.branches_per_unit) * branches
+    return shared**2 + _per_unit_sum(per_branch, units.unit_offsets)
+
+
+def sequence_plan(
+    units: PreferenceUnits, plan: PackPlan, layout: Layout, pad_to_multiple_of: int = 1
+) -> tuple[PackPlan, np.ndarray]:
+    """``plan`` over the THD sequences of its units (a branch for ``pairs``, a unit for
+    ``shared-prefix``) and their aligned lengths: what a reader of the rows sees (Megatron-Bridge's
+    metadata counts sequences per pack).
+
+    >>> units = PreferenceUnits.from_lists([[1, 2, 3], [4]], [[7, 8], [9], [5], [6]], [2, 2])
+    >>> plan = plan_units(units, 20, "pairs")
+    >>> sequences, lengths = sequence_plan(units, plan, "pairs")
+    >>> [pack.tolist() for pack in sequences], lengths.tolist()
+    ([[0, 1, 2, 3]], [5, 4, 2, 2])
+    """
+    if layout == "shared-prefix":
+        return plan, unit_sizes(units, layout, pad_to_multiple_of)
+    counts = units.branches_per_unit[plan.order]
+    order = concatenated_ranges(units.unit_offsets[plan.order], counts)
+    offsets = np.concatenate([[0], np.cumsum(counts)])[plan.offsets]
+    prompts = np.repeat(units.prompt_lengths, units.branches_per_unit)
+    return PackPlan(order, offsets), ceil_to_multiple(prompts + units.branch_lengths, pad_to_multiple_of)
+
+
 @dataclass(frozen=True)
 class UnitFit:
     """Units made to fit a cap (`fit_units`): what was kept and what each unit lost.
@@ -223,6 +322,8 @@ class UnitFit:
     prompt_trimmed: int = 0
     branches_cut: int = 0
     dropped: dict[int, str] = field(default_factory=dict)
+    no_supervised: tuple[int, ...] = ()
+    """The dropped units a cut would have left with a branch without a supervised token."""
 
 
 def _size(prompt: int, branch_lengths: np.ndarray, layout: Layout, multiple: int) -> int:
@@ -268,7 +369,7 @@ def fit_units(units: PreferenceUnits, cap: int, layout: Layout, *, pad_to_multip
     Over the cap, the prompt (shared by every branch) is trimmed first, at its start, keeping its
     end (the question and the generation prompt) and at least one token; then the branches are cut
     at their end, the longest first, each keeping at least one token. A unit that cannot fit even
-    then is dropped, with its reason.
+    then, or whose cut leaves a branch without a supervised token, is dropped, with its reason.
 
     >>> units = PreferenceUnits.from_lists([[1, 2, 3, 4, 5]], [[7, 8], [9]], [2])
     >>> fit = fit_units(units, 7, "pairs")
@@ -282,6 +383,7 @@ def fit_units(units: PreferenceUnits, cap: int, layout: Layout, *, pad_to_multip
     prompt_keep = units.prompt_lengths.copy()
     branch_keep = units.branch_lengths.copy()
     dropped: dict[int, str] = {}
+    lost: list[int] = []
     trimmed = cut = 0
     for unit in over.tolist():  # only the units over the cap: a few, not every unit
         branches = slice(units.unit_offsets[unit], units.unit_offsets[unit + 1])
@@ -291,13 +393,24 @@ def fit_units(units: PreferenceUnits, cap: int, layout: Layout, *, pad_to_multip
             dropped[unit] = fitted
             continue
         prompt, kept = fitted
+        starts = units.branch_offsets[branches.start : branches.stop]
+        unsupervised = [
+            b for b, (start, keep) in enumerate(zip(starts, kept, strict=True))
+            if not units.branch_loss_mask[start : start + keep].any()
+        ]  # fmt: skip
+        if unsupervised:
+            dropped[unit] = (
+                f"cutting it to the cap of {cap} leaves branch {unsupervised[0]} without a supervised token"
+            )
+            lost.append(unit)
+            continue
         trimmed += int(prompt < prompt_keep[unit])
         cut += int((kept < lengths).any())
         prompt_keep[unit] = prompt
         branch_keep[branches] = kept
     fitted = units.with_lengths(prompt_keep, branch_keep)
     kept = np.setdiff1d(np.arange(len(units)), np.fromiter(dropped, dtype=np.int64, count=len(dropped)))
-    return UnitFit(fitted.select(kept), kept, trimmed, cut, dropped)
+    return UnitFit(fitted.select(kept), kept, trimmed, cut, dropped, tuple(lost))
 
 
 def plan_units(

@@ -8,7 +8,9 @@ from typing import Any, Literal, get_args
 from tightpack.core.alignment import alignment_multiple, length_cap
 from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE
+from tightpack.core.preference_units import LAYOUTS, Layout
 from tightpack.errors import TightpackError, check_choice
+from tightpack.prepare.format_config import PREFERENCE_FORMATS
 from tightpack.prepare.formats import FormatConfig
 
 __all__ = ["PackConfig"]
@@ -53,6 +55,9 @@ class PackConfig:
         row_group_size: packs per Parquet row group; None picks about 256k tokens per group.
         output_format: ``parquet`` (shards ``packs-NNNNN.idx.parquet``) or legacy ``npy`` (``packs.npy``).
         format: how rows become text (`tightpack.prepare.formats.FormatConfig`).
+        preference_layout: with a preference format (``preference``, ``kto``, ``groups``): ``pairs``
+            (every branch a sequence of its own, prompt included) or ``shared-prefix`` (the prompt once
+            per unit, its branches after it; `tightpack.core.preference_layout`).
     """
 
     packed_sequence_size: int
@@ -75,6 +80,12 @@ class PackConfig:
     row_group_size: int | None = None
     output_format: OutputFormat = "parquet"
     format: FormatConfig = field(default_factory=FormatConfig)
+    preference_layout: Layout = "pairs"
+
+    @property
+    def packs_units(self) -> bool:
+        """The rows are preference units (a preference format), not SFT samples."""
+        return self.format.format in PREFERENCE_FORMATS
 
     @property
     def multiple(self) -> int:
@@ -154,6 +165,44 @@ class PackConfig:
                 parameters=("vision", "engine='ray'", "output_format='npy'"),
             )
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
+        check_choice("preference_layout", self.preference_layout, LAYOUTS)
+        if not self.packs_units and self.preference_layout != "pairs":
+            raise TightpackError(
+                f"preference_layout={self.preference_layout!r} lays out preference units; it needs format "
+                f"{', '.join(PREFERENCE_FORMATS)} (got {self.format.format!r})",
+                parameters=("preference_layout", "format"),
+            )
+        if self.packs_units:
+            unsupported = [
+                (name, why)
+                for name, given, why in (
+                    ("engine='ray'", self.engine != "local", "they are tokenized with the local engine"),
+                    (
+                        "output_format='npy'",
+                        self.output_format != "parquet",
+                        "the legacy .npy has no unit columns",
+                    ),
+                    (
+                        "balance_costs",
+                        self.balance_costs is not None,
+                        "the cost balance moves single sequences",
+                    ),
+                    ("vision", self.format.vision is not None, "units are text"),
+                    (
+                        "pad_to_max_length",
+                        self.pad_to_max_length,
+                        "the preference reader lays rows out as they are",
+                    ),
+                )
+                if given
+            ]
+            if unsupported:
+                name, why = unsupported[0]
+                raise TightpackError(
+                    f"format {self.format.format!r} packs whole preference units, without {name}: {why}; "
+                    f"drop {name}",
+                    parameters=(name, "format"),
+                )
 
     def settings(self) -> dict[str, Any]:
         """Everything that changes the output (not ``workers``, ``reuse_store``, ``engine``,
@@ -162,6 +211,8 @@ class PackConfig:
         for same_output in ("workers", "engine", "ray_address"):
             values.pop(same_output)
         values.pop("reuse_store")
+        if not self.packs_units:  # SFT manifests stay as they were before preference packing
+            values.pop("preference_layout")
         values.update(
             pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size
         )

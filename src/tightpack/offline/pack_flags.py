@@ -125,6 +125,7 @@ SETTING_FLAGS: dict[str, SettingFlag] = {
     "format.chat_truncation": SettingFlag("--chat-truncation"),
     "format.vision": SettingFlag("--vision-processor", render=_vision),
     "format.template_vars": SettingFlag("--template-var", render=_template_vars),
+    "preference_layout": SettingFlag("--preference-layout"),
 }
 """Every setting of `PackConfig.settings` by dotted path (``format.loss_on``), and its flag."""
 

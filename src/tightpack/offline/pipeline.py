@@ -24,13 +24,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +36,7 @@ from tightpack.core.balanced_plan import balance_pack_costs
 from tightpack.core.cost_model import cost_spread
 from tightpack.core.paths import default_cache_dir
 from tightpack.core.planner import PackPlan, plan_packs
-from tightpack.core.stats import PackStats, pack_stats
+from tightpack.core.stats import pack_stats
 from tightpack.core.store_cache import claim
 from tightpack.errors import TightpackError
 from tightpack.offline.accounting import account_samples, nothing_left, truncation_loss_note
@@ -53,50 +51,15 @@ from tightpack.offline.output_folder import (
     sweep_work,
 )
 from tightpack.offline.output_lock import output_lock
+from tightpack.offline.preference import pack_units_into
+from tightpack.offline.stages import NoProgress, PackResult, Progress, stage
 from tightpack.prepare.formats import run_format
 from tightpack.prepare.sources import first_row, open_sources
-from tightpack.prepare.tokenize import BadRow, TokenizeReport
+from tightpack.prepare.tokenize import TokenizeReport
 from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.prepare.vision_tokens import VisionTokenIds
 
 __all__ = ["PackConfig", "PackResult", "pack_dataset"]
-
-
-class Progress(Protocol):
-    """Receives progress: a stage begins (with a total, or None), advances, ends."""
-
-    def begin(self, stage: str, total: int | None) -> None: ...
-    def advance(self, amount: int) -> None: ...
-    def end(self) -> None: ...
-
-
-class _NoProgress:
-    def begin(self, stage: str, total: int | None) -> None:
-        pass
-
-    def advance(self, amount: int) -> None:
-        pass
-
-    def end(self) -> None:
-        pass
-
-
-@dataclass
-class PackResult:
-    """What a run produced: the output folder, counts, plan statistics, time per stage (s), whether
-    the token store came from the cache instead of tokenizing, and warnings for the user."""
-
-    output: Path
-    counts: dict[str, int]
-    stats: PackStats
-    stage_seconds: dict[str, float]
-    files: list[dict]
-    bad_rows: list[BadRow]
-    reused_store: bool = False
-    warnings: list[str] = field(default_factory=list)
-    cost_balance: dict[str, Any] | None = None
-    """With ``balance_costs``: the pack cost spread (`cost_spread`) and pack count of the planner's plan
-    (``before``) and of the balanced one (``after``)."""
 
 
 def pack_dataset(
@@ -133,7 +96,7 @@ def pack_dataset(
         sweep_work(target)  # work folders of killed runs; a previous output they set aside goes back
         check_publishable(output, overwrite, _input_paths(inputs), cache=default_cache_dir())
         return _pack(
-            inputs, split, Path(output), target, config, tokenizer, overwrite, progress or _NoProgress()
+            inputs, split, Path(output), target, config, tokenizer, overwrite, progress or NoProgress()
         )
 
 
@@ -170,8 +133,8 @@ def tokenize_inputs(
     warnings: list[str] = []
     times: dict[str, float] = {}
     estimates = [source.estimated_rows for source in sources]
-    progress = progress or _NoProgress()
-    with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
+    progress = progress or NoProgress()
+    with stage("tokenize", None if None in estimates else sum(estimates), progress, times):
         with ENGINES["local"](config) as engine:  # plans are made on this machine, whatever the engine
             report = engine.tokenize(
                 sources, spec, config, workdir, on_rows=progress.advance, warnings=warnings
@@ -185,18 +148,22 @@ def _pack(
     """`pack_dataset` once the output folder is held and checked (``target``: resolved ``output``)."""
     times: dict[str, float] = {}
     notes: list[str] = []
-    with _stage("load", None, _NoProgress(), times):
+    with stage("load", None, NoProgress(), times):
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         if config.format.vision is not None:
             VisionTokenIds(config.format.vision, spec.backend)  # raises when the tokenizer lacks them
         sources = open_sources(inputs, split=split)
         config = _run_config(config, sources)
+        config.validate()  # again: ``auto`` may have become a preference format
 
     staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     claim(staging)
     try:
-        with start_engine(config) as engine:
-            result = _pack_into(staging, sources, spec, config, progress, engine, times, notes)
+        if config.packs_units:
+            result = pack_units_into(staging, sources, spec, config, progress, times, notes)
+        else:
+            with start_engine(config) as engine:
+                result = _pack_into(staging, sources, spec, config, progress, engine, times, notes)
         publish(staging, target, overwrite=overwrite)
     finally:
         if staging.exists():
@@ -210,11 +177,11 @@ def _pack_into(
     """Tokenize, account, plan and write into ``staging`` (published by the caller); the tokenizing
     and the shards by ``engine`` (`tightpack.offline.engines`)."""
     estimates = [source.estimated_rows for source in sources]
-    with _stage("tokenize", None if None in estimates else sum(estimates), progress, times):
+    with stage("tokenize", None if None in estimates else sum(estimates), progress, times):
         report = engine.tokenize(sources, spec, config, staging, on_rows=progress.advance, warnings=notes)
     store = report.store
 
-    with _stage("plan", 1, progress, times):
+    with stage("plan", 1, progress, times):
         counts, keep, aligned, excluded, overlay = account_samples(store, config, report, staging)
         if counts["samples_in"] == 0:
             names = ", ".join(source.name for source in sources)
@@ -230,7 +197,7 @@ def _pack_into(
         stats = pack_stats(plan, aligned, config.packed_sequence_size)
         progress.advance(1)
 
-    with _stage("write", len(plan), progress, times):
+    with stage("write", len(plan), progress, times):
         files = write_packs(
             store, plan, aligned, staging, spec.eos_id, config, progress.advance, overlay, engine
         )
@@ -294,16 +261,6 @@ def _run_config(config: PackConfig, sources) -> PackConfig:
     if resolved is None or resolved is config.format:
         return config
     return dataclasses.replace(config, format=resolved)
-
-
-@contextmanager
-def _stage(name: str, total: int | None, progress: Progress, times: dict[str, float]) -> Iterator[None]:
-    """Time a stage into ``times[name]`` and report it to ``progress``."""
-    clock = time.perf_counter()
-    progress.begin(name, total)
-    yield
-    progress.end()
-    times[name] = time.perf_counter() - clock
 
 
 def _input_paths(inputs) -> list[Path]:

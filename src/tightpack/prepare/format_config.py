@@ -17,7 +17,9 @@ from tightpack.prepare.vision_rows import VisionSpec
 
 __all__ = ["FormatConfig"]
 
-Format = Literal["auto", "prompt-completion", "chat", "tokens"]
+Format = Literal["auto", "prompt-completion", "chat", "tokens", "preference", "kto", "groups"]
+PREFERENCE_FORMATS: tuple[str, ...] = ("preference", "kto", "groups")
+"""The formats whose rows are preference units (`tightpack.prepare.preference_rows`), not SFT samples."""
 LossOn = Literal["assistant", "last-turn", "all"]
 ChatTruncation = Literal["oldest-turns", "end"]
 
@@ -27,7 +29,9 @@ class FormatConfig:
     """How rows become training text.
 
     Attributes:
-        format: ``auto``, ``prompt-completion``, ``chat`` or ``tokens``.
+        format: ``auto``, ``prompt-completion``, ``chat`` or ``tokens`` (SFT samples); ``preference``
+            (prompt / chosen / rejected), ``kto`` or ``groups`` (units of a prompt and its branches,
+            `tightpack.prepare.preference_rows`; the offline path only).
         input_key: prompt column of prompt-completion rows.
         output_key: completion column of prompt-completion rows.
         prompt_template: ``str.format`` template over the row's columns; must end with

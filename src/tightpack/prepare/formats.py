@@ -96,23 +96,38 @@ def row_kind(row: dict, config: FormatConfig) -> str:
 
 
 def run_format(config: FormatConfig, first_row: Any) -> FormatConfig:
-    """``config`` with ``auto`` resolved once for the run where it must be: pre-tokenized rows are read
-    by another path than text rows (`tightpack.prepare.pretokenized`), so when the first row is one
-    (``input_ids``, and neither the messages key nor the input key) the whole run is ``tokens``, and a
-    later text row is a bad row. Otherwise ``auto`` stays: chat or prompt-completion, row by row.
+    """``config`` with ``auto`` resolved once for the run where it must be, by the first row.
+
+    Pre-tokenized rows are read by another path than text rows (`tightpack.prepare.pretokenized`),
+    so when the first row is one (``input_ids``, and neither the messages key nor the input key) the
+    whole run is ``tokens``. Rows in TRL's preference conventions are units, not samples: ``chosen``
+    and ``rejected`` make the run ``preference``, ``prompt`` with ``completions`` ``groups``, and
+    ``prompt``, ``completion`` and ``label`` ``kto``. A later row of another kind is a bad row.
+    Otherwise ``auto`` stays: chat or prompt-completion, row by row.
 
     >>> run_format(FormatConfig(), {"input_ids": [5, 6], "loss_mask": [0, 1]}).format
     'tokens'
     >>> run_format(FormatConfig(), {"messages": [], "input_ids": [5]}).format
     'auto'
+    >>> run_format(FormatConfig(), {"prompt": "2+2=", "chosen": "4", "rejected": "5"}).format
+    'preference'
     """
-    tokens = (
-        isinstance(first_row, dict)
-        and TOKENS_KEY in first_row
-        and config.messages_key not in first_row
-        and config.input_key not in first_row
-    )
-    return dataclasses.replace(config, format="tokens") if config.format == "auto" and tokens else config
+    if config.format != "auto" or not isinstance(first_row, dict):
+        return config
+    keys = set(first_row)
+    if TOKENS_KEY in keys and config.messages_key not in keys and config.input_key not in keys:
+        return dataclasses.replace(config, format="tokens")
+    for kind, needed in _PREFERENCE_KEYS:
+        if needed <= keys and config.messages_key not in keys and config.input_key not in keys:
+            return dataclasses.replace(config, format=kind)
+    return config
+
+
+_PREFERENCE_KEYS = (
+    ("preference", {"chosen", "rejected"}),
+    ("groups", {"prompt", "completions"}),
+    ("kto", {"prompt", "completion", "label"}),
+)
 
 
 def _check_placeholders(text: str, media: tuple[MediaItem, ...], vision: VisionSpec) -> None:

@@ -23,7 +23,7 @@ branch still trains on exactly the tokens of its own rendering.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -31,9 +31,10 @@ import numpy as np
 
 from tightpack.core.preference_units import PreferenceUnits
 from tightpack.errors import check_choice
+from tightpack.prepare.chunks import Chunk
 from tightpack.prepare.format_config import FormatConfig
 from tightpack.prepare.rendered import RowError
-from tightpack.prepare.tokenize import BadRow, Encoder
+from tightpack.prepare.tokenize import BadRow, Encoder, parse_chunk
 from tightpack.prepare.tokenizer import TokenizerSpec
 
 __all__ = ["PreferenceEncoder", "TokenizedUnits", "branch_rows"]
@@ -207,13 +208,33 @@ class PreferenceEncoder:
     def encode_rows(self, rows: Sequence[Any], first_sample: int = 0, source: str = "rows") -> TokenizedUnits:
         """Tokenize ``rows``; a row that cannot become a unit is reported in ``bad_rows`` with its
         reason, and the others keep their order (``units.source_index`` is each one's row)."""
-        bad: list[BadRow] = []
+        return self._encode(list(enumerate(rows)), [], first_sample, lambda offset: f"{source} row {offset}")
+
+    def encode_chunk(self, chunk: Chunk) -> TokenizedUnits:
+        """`encode_rows` of a chunk of an input (JSONL lines are parsed here; a line that does not parse
+        is a bad row), its bad rows located by file and line."""
+        given, bad = [], []
+        for offset, row in parse_chunk(chunk):
+            if isinstance(row, RowError):
+                bad.append(BadRow(chunk.first_sample + offset, chunk.location(offset), str(row)))
+            else:
+                given.append((offset, row))
+        return self._encode(given, bad, chunk.first_sample, chunk.location, rows=len(chunk))
+
+    def _encode(
+        self,
+        given: list[tuple[int, Any]],
+        bad: list[BadRow],
+        first_sample: int,
+        location: Callable[[int], str],
+        rows: int | None = None,
+    ) -> TokenizedUnits:
         parsed: list[tuple[int, BranchRows]] = []
-        for offset, row in enumerate(rows):
+        for offset, row in given:
             try:
                 parsed.append((offset, branch_rows(row, self.kind)))
             except RowError as error:
-                bad.append(BadRow(first_sample + offset, f"{source} row {offset}", str(error)))
+                bad.append(BadRow(first_sample + offset, location(offset), str(error)))
         encoded = self._encode_branches(parsed)
         built: list[tuple[int, list[np.ndarray], list[np.ndarray], dict]] = []
         for (offset, unit), branches in zip(parsed, encoded, strict=True):
@@ -223,9 +244,9 @@ class PreferenceEncoder:
                 prompt, tokens, masks = _split_prompt(branches, unit.names)
                 built.append((offset, [prompt, *tokens], masks, unit.values))
             except RowError as error:
-                bad.append(BadRow(first_sample + offset, f"{source} row {offset}", str(error)))
+                bad.append(BadRow(first_sample + offset, location(offset), str(error)))
         bad.sort(key=lambda row: row.sample_index)
-        return TokenizedUnits(_units(built, first_sample), bad, len(rows))
+        return TokenizedUnits(_units(built, first_sample), bad, len(given) if rows is None else rows)
 
     def _encode_branches(self, parsed: list[tuple[int, BranchRows]]) -> list[Any]:
         """Per unit, its branches' ``(tokens, mask)`` (EOS appended), or the reason it failed."""
@@ -274,8 +295,9 @@ def _split_prompt(branches: list[tuple[np.ndarray, np.ndarray]], names: list[str
         reason = (
             "the prompt renders to no tokens: a branch's loss starts at its first token"
             if min(starts) == 0
-            else f"the renderings of {', '.join(map(repr, names))} share no first token, so they have no "
-            "prompt in common"
+            else f"the renderings of {', '.join(map(repr, names))} differ from their first token: the "
+            "tokenizer merged the prompt's start with a branch, so no prompt token is shared (start the "
+            "branches with a separator such as a space or a newline, or end the prompt with one)"
         )
         raise RowError(reason)
     return (

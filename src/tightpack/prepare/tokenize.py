@@ -11,10 +11,7 @@ The loss mask of each sample comes from its character spans (`tightpack.prepare.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import sys
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,11 +24,13 @@ from tightpack.core.token_store import Segments, TokenStore, TokenStoreWriter, a
 from tightpack.errors import TightpackError
 from tightpack.prepare.chat_render import reset_warnings
 from tightpack.prepare.chunks import Chunk
+from tightpack.prepare.format_config import PREFERENCE_FORMATS
 from tightpack.prepare.formats import FormatConfig, Rendered, RowError, render_row, row_kind
 from tightpack.prepare.pretokenized import pretokenized_arrays
 from tightpack.prepare.token_masks import byte_level_body, encode_texts, encode_with_offsets, offsets_body
 from tightpack.prepare.tokenizer import TokenizerSpec
 from tightpack.prepare.vision_tokens import VisionTokenIds, expand_vision_tokens
+from tightpack.prepare.worker_pool import map_in_processes
 
 
 @dataclass(frozen=True)
@@ -92,6 +91,15 @@ class Encoder:
     config: FormatConfig
     text_budget: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.config.format in PREFERENCE_FORMATS:
+            raise TightpackError(
+                f"format {self.config.format!r} rows are preference units, not SFT samples: pack them with "
+                "tightpack pack (--format preference|kto|groups) or collate them with "
+                "tightpack.runtime.preference_collate.PreferenceCollator",
+                parameters=("format",),
+            )
+
     def encode_rows(self, rows: list[Any], first_sample: int = 0, source: str = "rows") -> ChunkResult:
         """Tokens, masks (unshifted) and stored lengths of ``rows``, EOS appended; bad rows reported."""
         return encode_chunk(self, Chunk(first_sample, source, rows=list(rows)))
@@ -126,7 +134,7 @@ def max_token_bytes(spec: TokenizerSpec) -> int:
     return max(len(token.encode("utf-8")) for token in vocab)
 
 
-def _parse(chunk: Chunk) -> Iterator[tuple[int, object]]:
+def parse_chunk(chunk: Chunk) -> Iterator[tuple[int, object]]:
     """(offset, row or RowError) for every row of the chunk."""
     if chunk.lines is None:
         yield from enumerate(chunk.parsed_rows())
@@ -154,7 +162,7 @@ def _render_chunk(
     rendered: list[tuple[int, Rendered]] = []
     bad_rows = []
     kinds = set()
-    for offset, row in _parse(chunk):
+    for offset, row in parse_chunk(chunk):
         try:
             if isinstance(row, RowError):
                 raise row
@@ -228,7 +236,7 @@ def _assemble(
 
 def _pretokenized_chunk(encoder: Encoder, chunk: Chunk) -> ChunkResult:
     spec = encoder.spec
-    rows = None if chunk.batch is not None else [row for _, row in _parse(chunk)]
+    rows = None if chunk.batch is not None else [row for _, row in parse_chunk(chunk)]
     tokens, loss_mask, stored, good, bad = pretokenized_arrays(chunk, rows, spec.vocab_size, spec.eos_id)
     bad_rows = [BadRow(chunk.first_sample + offset, chunk.location(offset), reason) for offset, reason in bad]
     return ChunkResult(tokens, loss_mask, stored, chunk.first_sample + good, bad_rows, rows=len(chunk))
@@ -326,18 +334,8 @@ def tokenize_to_store(
         for result in _tokenize_in_process(encoder, chunks):
             consume(result)
     else:
-        # Fork on Linux: workers start at once and inherit the loaded tokenizer
-        # (as PyTorch's DataLoader workers do); elsewhere spawn, the safe default there. Not in a
-        # process connected to Ray: a fork copies locks its threads hold, and the child can hang.
-        ray = sys.modules.get("ray")
-        threaded = ray is not None and ray.is_initialized()
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" and not threaded else "spawn")
-        with context.Pool(workers, initializer=_init_worker, initargs=(encoder, True)) as pool:
-            pending: deque = deque()
-            for chunk in chunks:
-                pending.append(pool.apply_async(tokenize_chunk, (chunk,)))
-                if len(pending) >= 2 * workers:
-                    consume(pending.popleft().get())
-            while pending:
-                consume(pending.popleft().get())
+        for result in map_in_processes(
+            tokenize_chunk, chunks, workers, initializer=_init_worker, initargs=(encoder, True)
+        ):
+            consume(result)
     return TokenizeReport(writer.close(), rows_read, bad_rows, texts_cut=texts_cut, kinds=frozenset(kinds))
