@@ -76,6 +76,10 @@ def inspect(
         settings = manifest["settings"]
         rows.append(("algorithm", str(settings.get("algorithm", "?"))))
         rows.append(("alignment multiple", str(settings.get("pad_seq_to_mult", "?"))))
+        if "preference_layout" in settings:
+            rows.append(
+                ("preference units", f"{settings['format']['format']}, {settings['preference_layout']}")
+            )
         rows.append(("tokenizer", str(manifest["tokenizer"].get("name", "?"))))
         for key, value in manifest["counts"].items():
             rows.append((f"count {key.replace('_', ' ')}", f"{value:,}"))

@@ -252,6 +252,11 @@ class PreferencePacks:
     def __len__(self) -> int:
         return self.rows
 
+    @property
+    def row_groups(self) -> int:
+        """Row groups over all shards (`group` reads one)."""
+        return len(self._groups)
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cached"], state["_handles"] = None, {}  # reopened in the process that reads

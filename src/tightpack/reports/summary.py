@@ -21,6 +21,8 @@ from tightpack.core.cost_model import CostModel, cost_spread
 from tightpack.core.pack_manifest import read_manifest, read_pack_settings
 from tightpack.core.packed_index import REQUIRED_COLUMNS, check_shards
 from tightpack.core.paths import packed_dataset_files
+from tightpack.core.preference_parquet import PreferenceFiles, PreferencePacks
+from tightpack.core.preference_units import unit_attention_costs
 from tightpack.errors import TightpackError
 
 
@@ -124,6 +126,9 @@ def read_pack_arrays(path: str | Path) -> PackArrays:
     if path.is_dir() and (path / "manifest.json").is_file():
         manifest = read_manifest(path / "manifest.json")
     files = packed_dataset_files(path)
+    described = None if files[0].lower().endswith(".npy") else PreferenceFiles.of_file(files[0])
+    if described is not None:
+        return _preference_arrays(str(path), files, manifest, described)
     if not files[0].lower().endswith(".npy"):
         check_shards(files, name=str(path))
     stored, sequences, supervised, lengths = [], [], [], []
@@ -149,6 +154,41 @@ def read_pack_arrays(path: str | Path) -> PackArrays:
         supervised=supervised,
         squared=np.bincount(pack_of_sequence, weights=lengths.astype(np.float64) ** 2, minlength=len(stored)),
         sequence_lengths=lengths,
+    )
+
+
+def _preference_arrays(path: str, files: list[str], manifest, described: PreferenceFiles) -> PackArrays:
+    """`PackArrays` of packed preference Parquet: a row is as long as it runs, its sequences are its THD
+    sequences (aligned), and its attention work is that of its units' layout."""
+    width, sequences, supervised, squared, lengths = [], [], [], [], []
+    packs = PreferencePacks(files)
+    for group in range(packs.row_groups):
+        rows = packs.group(group)
+        offsets = rows.offsets
+        width.append(np.diff(offsets["input_ids"]))
+        sequences.append(np.diff(offsets["sequence_start"]))
+        cumulative = np.concatenate([[0], np.cumsum(rows.values["loss_mask"].astype(np.int64))])
+        supervised.append(cumulative[offsets["loss_mask"][1:]] - cumulative[offsets["loss_mask"][:-1]])
+        units = rows.units(0, len(rows))
+        costs = unit_attention_costs(units, described.layout, described.multiple)
+        per_row = np.concatenate([[0], np.cumsum(costs)])[offsets["sample_index"]]
+        squared.append(np.diff(per_row).astype(np.float64))
+        lengths.append(
+            sequence_runtime(
+                width[-1], rows.values["sequence_start"].astype(np.int64), offsets["sequence_start"]
+            )
+            + 1
+        )
+    runtime = np.concatenate(width)
+    return PackArrays(
+        path=path,
+        files=tuple(files),
+        manifest=manifest,
+        runtime=runtime,
+        sequences=np.concatenate(sequences),
+        supervised=np.concatenate(supervised),
+        squared=np.concatenate(squared),
+        sequence_lengths=np.concatenate(lengths),
     )
 
 

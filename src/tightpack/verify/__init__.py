@@ -20,6 +20,9 @@ arithmetic, so any size verifies in bounded memory. Checks:
   with the rows.
 - ``coverage``: with ``sample_index``, no source sample is packed twice and, with a manifest, every
   source row is either packed or accounted for (bad, dropped, no supervised token).
+- preference packs (``tightpack pack --format preference|kto|groups``): the checks of
+  `tightpack.verify.preference` instead of the row checks above (every unit whole, every row laid out
+  again as stored), with the same manifest, metadata and coverage checks.
 - ``media``: vision packs (`tightpack.verify.media`): every image and video frame they refer to is
   still inside the media root, decodes, and gives its recorded patch grid (``media=False`` skips it:
   it decodes every picture).
@@ -30,9 +33,11 @@ from pathlib import Path
 from tightpack.core.pack_manifest import MANIFEST_NAME, METADATA_NAME, read_manifest, read_metadata
 from tightpack.core.packed_index import check_shards
 from tightpack.core.paths import packed_dataset_files
+from tightpack.core.preference_parquet import PreferenceFiles
 from tightpack.errors import TightpackError
-from tightpack.verify.folder import check_coverage, check_manifest, check_metadata
+from tightpack.verify.folder import check_coverage, check_manifest, check_manifest_files, check_metadata
 from tightpack.verify.media import check_media
+from tightpack.verify.preference import check_preference_files, check_preference_manifest
 from tightpack.verify.report import VerifyReport, Violation  # noqa: F401 (for the package's own modules; not public API)
 from tightpack.verify.rows import Totals, check_rows, npy_rows, parquet_rows
 
@@ -96,6 +101,25 @@ def verify_packed(
     report = VerifyReport(str(path), settings, limit=limit)
     if manifest_fault is not None:
         report.add("manifest", manifest_fault)
+    described = None if files[0].lower().endswith(".npy") else PreferenceFiles.of_file(files[0])
+    if described is not None:
+        settings["multiple"] = described.multiple
+        totals = check_preference_files(files, described, settings, report)
+        check_metadata(entries, settings, totals, report)
+        if manifest is not None:
+            check_manifest_files(folder, manifest, files, report)
+            check_preference_manifest(manifest, totals, report)
+        check_coverage(manifest, totals, report)
+        report.checked = {
+            "files": len(files),
+            "rows": totals.rows,
+            "unreadable_rows": totals.unread,
+            "units": sum(len(part) for part in totals.sample_index),
+            "sequences": totals.sequences,
+            "tokens": totals.runtime,
+            "supervised_tokens": totals.supervised,
+        }
+        return report
     if not files[0].lower().endswith(".npy"):
         check_shards(files, name=str(path))
     totals = Totals()

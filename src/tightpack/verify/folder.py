@@ -50,6 +50,20 @@ def check_metadata(
 def check_manifest(
     folder: Path, manifest: dict, files: list[str], totals: Totals, report: VerifyReport
 ) -> None:
+    check_manifest_files(folder, manifest, files, report)
+    stats, counts = manifest.get("stats", {}), manifest.get("counts", {})
+    for said, actual, what in (
+        (stats.get("packs"), totals.rows, "packs"),
+        (counts.get("packed"), totals.sequences, "packed sequences"),
+        (stats.get("tokens"), totals.runtime, "runtime tokens"),
+        (counts.get("supervised_packed"), totals.supervised, "supervised tokens"),
+    ):
+        if said is not None and said != actual:
+            report.add("manifest", f"the manifest counts {said} {what}, the rows hold {actual}")
+
+
+def check_manifest_files(folder: Path, manifest: dict, files: list[str], report: VerifyReport) -> None:
+    """The manifest's files are the folder's, with their recorded sizes and sha256."""
     listed = {entry["name"]: entry for entry in manifest.get("files", [])}
     present = {Path(file).name for file in files}
     for name in sorted(present - set(listed)):
@@ -65,15 +79,6 @@ def check_manifest(
                 report.add(
                     "manifest", f"{key} differs from the manifest: the file changed after packing", file=name
                 )
-    stats, counts = manifest.get("stats", {}), manifest.get("counts", {})
-    for said, actual, what in (
-        (stats.get("packs"), totals.rows, "packs"),
-        (counts.get("packed"), totals.sequences, "packed sequences"),
-        (stats.get("tokens"), totals.runtime, "runtime tokens"),
-        (counts.get("supervised_packed"), totals.supervised, "supervised tokens"),
-    ):
-        if said is not None and said != actual:
-            report.add("manifest", f"the manifest counts {said} {what}, the rows hold {actual}")
 
 
 def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) -> None:
