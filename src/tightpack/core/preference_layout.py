@@ -24,6 +24,8 @@ from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.preference_units import LAYOUTS, Layout, PreferenceUnits, concatenated_ranges
 from tightpack.errors import TightpackError, check_choice
 
+__all__ = ["UnitRow", "lay_out_units"]
+
 
 @dataclass(frozen=True)
 class UnitRow:

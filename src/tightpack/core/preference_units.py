@@ -30,7 +30,15 @@ from tightpack.core.pack_plan import PackPlan
 from tightpack.core.planner import plan_packs
 from tightpack.errors import check_choice
 
-__all__ = ["PreferenceUnits", "UnitFit", "fit_units", "plan_units", "unit_sizes"]
+__all__ = [
+    "PreferenceUnits",
+    "UnitFit",
+    "fit_units",
+    "plan_units",
+    "sequence_plan",
+    "unit_attention_costs",
+    "unit_sizes",
+]
 
 Layout = Literal["pairs", "shared-prefix"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
