@@ -31,6 +31,7 @@ FLAGS = {
     "ray_address": "--ray-address",
     "output_format": "--output-format",
     "output_format='npy'": "--output-format npy",
+    "preference_layout": "--preference-layout",
     "skip_bad_lines=True": "--skip-bad-lines",
     "format": "--format",
     "format='tokens'": "--format tokens",

@@ -83,7 +83,12 @@ class PreferenceFiles:
 
 def _lists(offsets: np.ndarray, values: np.ndarray) -> pa.ListArray:
     values = np.ascontiguousarray(values)
-    flat = pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+    if values.dtype == bool:  # Arrow packs booleans into bits: no zero-copy view of numpy's bytes
+        flat = pa.array(values, type=pa.bool_())
+    else:
+        flat = pa.Array.from_buffers(
+            pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)]
+        )
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), flat)
 
 

@@ -168,7 +168,7 @@ class PackConfig:
         check_choice("preference_layout", self.preference_layout, LAYOUTS)
         if not self.packs_units and self.preference_layout != "pairs":
             raise TightpackError(
-                f"preference_layout={self.preference_layout!r} lays out preference units; it needs format "
+                f"preference_layout {self.preference_layout!r} lays out preference units; it needs format "
                 f"{', '.join(PREFERENCE_FORMATS)} (got {self.format.format!r})",
                 parameters=("preference_layout", "format"),
             )

@@ -114,7 +114,7 @@ def preference_batch(
     if layout == "shared-prefix":
         batch["branch_ids"] = torch.from_numpy(row.branch.astype(np.int32))[None]
     for name, value in units.per_branch().items():
-        batch[PER_BRANCH_KEYS[name]] = torch.from_numpy(value)
+        batch[PER_BRANCH_KEYS[name]] = torch.tensor(value)
     batch["preference_layout"] = layout
     thd.check_thd_batch(batch)
     return batch
