@@ -208,6 +208,10 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         cost = 0.0 if self.cost_model is None else float(self.cost_model.sequence_costs([aligned])[0])
         return Candidate(sample["key"], sample, aligned, arrival, tokens, nbytes, cost)
 
+    def _sample_tokens(self, sample: dict[str, Any]) -> int:
+        """The tokens of a sample as read (`Candidate.tokens`, saved in `state_dict` to check a restore)."""
+        return len(sample["input_ids"])
+
     def _hold(self, candidate: Candidate) -> None:
         self.buffer.append(candidate)
         self.counts["held_bytes"] += candidate.nbytes
@@ -393,9 +397,10 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
         def candidate(key: Any, tokens: int, arrival: int) -> Candidate:
             sample = self.restore(key)
-            if len(sample["input_ids"]) != tokens:
+            restored_tokens = self._sample_tokens(sample)
+            if restored_tokens != tokens:
                 raise TightpackError(
-                    f"restored sample {key!r} has {len(sample['input_ids'])} tokens, saved with {tokens}: "
+                    f"restored sample {key!r} has {restored_tokens} tokens, saved with {tokens}: "
                     "the data or its preparation changed since the checkpoint"
                 )
             restored = self._admit(sample, arrival, count=False)  # counted when it first arrived
