@@ -617,7 +617,8 @@ def test_collator_counts_trims_cuts_drops_and_bad_rows(gpt2):
     assert prompts[2] == 1 and 2 + sum(lengths[4:6]) > CAP
     batch = collate([*GROUP_ROWS, BAD_ROW])
     assert dict(collate.last_batch_counts) == {
-        "units": 3, "prompt_trimmed": 1, "branches_cut": 1, "dropped_too_long": 1, "bad_rows": 1
+        "units": 3, "prompt_trimmed": 1, "branches_cut": 1, "dropped_too_long": 1, "no_supervised": 0,
+        "bad_rows": 1,
     }  # fmt: skip
     assert batch["branch_unit"].tolist() == [0, 0, 1, 1, 2, 2]
     lengths_of = batch["cu_seqlens_q"].diff()
