@@ -108,6 +108,27 @@ def test_every_branch_computes_as_alone(family, attention, layout, multiple, pai
     assert within(got.sums, expected, attention), (got.sums - expected).abs().max()
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_branch_computes_as_alone_with_flex_attention(layout, pairs, monkeypatch):
+    """transformers' flex_attention path with tightpack's ``BlockMask``, float64. transformers compiles
+    the kernel; on CPU Inductor's code generator fails on the shared-prefix ``mask_mod`` (torch 2.13)
+    and compiling costs tens of seconds, so the kernel runs as torch's uncompiled FlexAttention (the
+    same ``BlockMask`` and ``mask_mod``, its reference implementation)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from transformers.integrations import flex_attention as integration
+
+    def uncompiled(query, key, value, training=False, **kwargs):
+        return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(integration, "compile_friendly_flex_attention", uncompiled)
+    model = tiny_model("llama", dtype=torch.float64, attention="flex_attention")
+    batch = build_preference_row(pairs, layout, pad_to_multiple_of=8)
+    with torch.no_grad():  # each branch alone with sdpa and the same weights (transformers would
+        expected = alone(tiny_model("llama", dtype=torch.float64), pairs)  # compile a mask per length)
+        got = preference_logps(model, batch)
+    assert within(got.sums, expected, "sdpa"), (got.sums - expected).abs().max()
+
+
 def norms_in_model_dtype(model):
     """Make every RMSNorm of ``model`` compute in the model's dtype. transformers' Llama and Qwen2
     norms compute in float32 whatever the dtype, so in the shared-prefix layout, where the prompt's
