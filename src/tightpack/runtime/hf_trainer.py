@@ -245,11 +245,21 @@ class PackingCallback(TrainerCallback):
     first optimizer step: a failure stops the run, a pass logs one line. ``report`` holds the
     `ProbeReport` (None until the probe ran, or when it could not be built from the batch).
 
+    Preference rows (`tightpack.runtime.preference_trainer.PreferencePackingCollator`) are probed too:
+    a ``pairs`` row through the forward's own inputs, as any packed row; a ``shared-prefix`` row,
+    whose forward carries a 4-D attention mask the probe cannot take apart, through the preference
+    row the collator last built (`tightpack.runtime.equivalence.preference.probe_shared_prefix`: a
+    branch must not move when its sibling changes), run as training runs it. That row lives in the
+    process that collates it: with ``dataloader_num_workers > 0`` the probe is skipped with a warning
+    (check a row yourself with `tightpack.runtime.equivalence.check_packing`).
+
     At every log it adds the collator's running totals of what raw rows lost to ``max_length`` and
     the no-supervision rule (`PackingCollator.long_sample_counts`; `LOGGED_COUNTS`) to the logs and
-    to ``state.log_history``, as ``tightpack/prompt_trimmed``, ``tightpack/no_supervised``, ...
-    The totals are of the batches collated so far (the loader may have collated a few ahead); with
-    ``dataloader_num_workers > 0`` each worker process counts its own and none reach this process.
+    to ``state.log_history``, as ``tightpack/prompt_trimmed``, ``tightpack/no_supervised``, ...; for
+    preference rows the collator's counts (`PreferencePackingCollator.logged_counts`:
+    ``tightpack/units``, ``tightpack/dropped_too_long``, ...). The totals are of the batches
+    collated so far (the loader may have collated a few ahead); with ``dataloader_num_workers > 0``
+    each worker process counts its own and none reach this process.
 
     Args:
         probe: run the probe (default True; the environment variable ``TIGHTPACK_PROBE=0`` turns it off
@@ -266,45 +276,81 @@ class PackingCallback(TrainerCallback):
         self.collator = collator
         self.report: ProbeReport | None = None
         self._hook: torch.utils.hooks.RemovableHandle | None = None
+        self._rows: Any = collator  # where the probe finds a shared-prefix row: the training collator
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs) -> None:
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs) -> None:
         if model is None:
             return
+        self._rows = self.collator or getattr(train_dataloader, "collate_fn", None)
         check_packable(model)
         if self.probe and probe_enabled() and self._hook is None:
             self._hook = model.register_forward_pre_hook(self._probe_first_batch, with_kwargs=True)
 
     def on_log(self, args, state, control, logs=None, train_dataloader=None, **kwargs) -> None:
-        counts = _collator_counts(self.collator or getattr(train_dataloader, "collate_fn", None))
-        if logs is None or counts is None or not counts["samples"]:
+        added = _logged_counts(self.collator or getattr(train_dataloader, "collate_fn", None))
+        if logs is None or not added:
             return
-        added = {f"tightpack/{name}": counts[name] for name in LOGGED_COUNTS}
         logs.update(added)
         if state is not None and state.log_history:  # Trainer.log appended its copy before this call
             state.log_history[-1].update(added)
 
     def _probe_first_batch(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if packed_row_bounds(kwargs) is None:  # not packed (yet): wait for a packed row
+        masked = _beyond_block_diagonal(kwargs)
+        if not masked and packed_row_bounds(kwargs) is None:  # not packed (yet): wait for a packed row
             return
         self._hook.remove()  # before probing: the probe's own forwards must not come back here
         self._hook = None
+        hint = "check a batch again with tightpack.runtime.hf.check_packing(model, batch)"
         try:
-            self.report = check_packing(
-                model,
-                kwargs,
-                hint="check a batch again with tightpack.runtime.hf.check_packing(model, batch)",
-            )
+            if masked:  # a shared-prefix preference row: probe the row itself, not the forward's mask
+                row = _collated(_shared_prefix_row(self._rows), kwargs["input_ids"].device)
+                self.report = check_packing(model, row, hint=hint)
+            else:
+                self.report = check_packing(model, kwargs, hint=hint)
         except ProbeSkipped as skipped:
             logger().warning("packing check skipped for %s: %s", type(model).__name__, skipped)
 
 
-def _collator_counts(collator: Any) -> LongSampleCounts | None:
-    """The running counts of a collator, or of the one a Trainer wrapper holds (``data_collator``)."""
+def _beyond_block_diagonal(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a forward's inputs carry a mask of their own (4-D, per layer type, a ``BlockMask``): a
+    shared-prefix preference row, whose mask the probe cannot rebuild for its own rows."""
+    mask = kwargs.get("attention_mask")
+    return mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2)
+
+
+def _shared_prefix_row(collator: Any) -> Mapping[str, Any]:
+    """The shared-prefix preference row ``collator`` (or the one a Trainer wrapper holds) built last.
+
+    Raises:
+        ProbeSkipped: none is at hand.
+    """
+    for _ in range(4):
+        row = getattr(collator, "last_row", None)
+        if isinstance(row, Mapping) and row.get("branch_ids") is not None:
+            return row
+        collator = getattr(collator, "data_collator", None)
+    raise ProbeSkipped(
+        "the forward carries its own attention mask (a shared-prefix preference row?) and no collated "
+        "preference row is at hand to probe with (PreferencePackingCollator keeps its last one in the "
+        "process that collates: dataloader_num_workers=0); check one yourself with "
+        "tightpack.runtime.equivalence.check_packing(model, collator.rows(rows))"
+    )
+
+
+def _collated(row: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in row.items()}
+
+
+def _logged_counts(collator: Any) -> dict[str, Any]:
+    """What `PackingCallback` adds to a log: the collator's totals as ``tightpack/<name>``, or nothing
+    before it collated a row."""
     for _ in range(4):
         if collator is None:
-            return None
+            return {}
+        if callable(getattr(collator, "logged_counts", None)):  # preference rows
+            return {f"tightpack/{name}": value for name, value in collator.logged_counts().items()}
         counts = getattr(collator, "long_sample_counts", None)
         if isinstance(counts, LongSampleCounts):
-            return counts
+            return {f"tightpack/{name}": counts[name] for name in LOGGED_COUNTS} if counts["samples"] else {}
         collator = getattr(collator, "data_collator", None)
-    return None
+    return {}

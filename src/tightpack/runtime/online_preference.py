@@ -118,7 +118,8 @@ class OnlinePreferencePacker(OnlinePacker):
             in its layout (`tightpack.core.preference_costs.unit_costs`).
         layout: ``pairs`` or ``shared-prefix`` (`tightpack.runtime.preference_batch`).
         restore: ``restore(key)`` prepares the sample with that key again (for `load_state_dict`).
-        rank, world_size: the data-parallel rank and size; each rank packs its own shard.
+        rank: this data-parallel rank; each rank packs its own shard.
+        world_size: the number of data-parallel ranks.
 
     Each pack is a preference row ``[1, T]`` (the keys of `build_preference_row`) with ``keys``, its
     units' keys in order. ``counts`` are the online packer's, ``samples`` counting units and

@@ -21,15 +21,13 @@ from tightpack.runtime import masks, thd
 from tightpack.runtime.hf_kwargs import hf_packed_kwargs
 from tightpack.runtime.preference_logps import BranchLogps, sequence_logps
 
-__all__ = ["attention_masks", "preference_logps", "preference_model_kwargs"]
+__all__ = ["attention_masks", "config_attention_masks", "preference_logps", "preference_model_kwargs"]
 
 _MASKED = ("eager", "sdpa")
 
 
-def _attention(model: torch.nn.Module) -> str:
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text, "_attn_implementation", None) or "eager"
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _dtype(model: torch.nn.Module) -> torch.dtype:
@@ -63,7 +61,20 @@ def attention_masks(model: torch.nn.Module, batch: Mapping[str, Any]) -> Any:
     Raises:
         TightpackError: an attention implementation, or a layer type, that cannot take such a mask.
     """
-    attention = _attention(model)
+    return config_attention_masks(getattr(model, "config", None), batch, dtype=_dtype(model))
+
+
+def config_attention_masks(
+    config: Any, batch: Mapping[str, Any], *, dtype: torch.dtype = torch.float32
+) -> Any:
+    """`attention_masks` for a model of ``config`` whose weights are ``dtype``, without the model (what
+    a data collator holds), on the device of ``batch["position_ids"]``.
+
+    Raises:
+        TightpackError: an attention implementation, or a layer type, that cannot take such a mask.
+    """
+    text = _text_config(config)
+    attention = getattr(text, "_attn_implementation", None) or "eager"
     device = batch["position_ids"].device
     if attention == "flex_attention":
 
@@ -73,7 +84,7 @@ def attention_masks(model: torch.nn.Module, batch: Mapping[str, Any]) -> Any:
     elif attention in _MASKED:
 
         def make(window: int | None) -> Any:
-            return masks.additive_mask(batch, _dtype(model), sliding_window=window).to(device)
+            return masks.additive_mask(batch, dtype, sliding_window=window).to(device)
 
     else:
         raise TightpackError(
@@ -81,16 +92,15 @@ def attention_masks(model: torch.nn.Module, batch: Mapping[str, Any]) -> Any:
             f"{attention!r} cannot take (its kernels read only sequence boundaries); load the model with "
             "attn_implementation='sdpa', 'eager' or 'flex_attention', or build the row with layout='pairs'"
         )
-    return _layer_masks(model, make)
+    return _layer_masks(text, make)
 
 
-def _layer_masks(model: torch.nn.Module, make: Callable[[int | None], Any]) -> Any:
-    """The mask for every kind of layer the model has. A given mask replaces the ones transformers
-    builds, sliding windows included, so the window is applied here: one mask for a model whose
-    layers are all alike (a Mistral-style window on every layer), else ``{layer type: mask}``, which
-    models with ``config.layer_types`` (Gemma 2 and 3, Qwen2 and 3, ...) take as given."""
-    config = getattr(model, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+def _layer_masks(config: Any, make: Callable[[int | None], Any]) -> Any:
+    """The mask for every kind of layer the model of ``config`` (its text config) has. A given mask
+    replaces the ones transformers builds, sliding windows included, so the window is applied here:
+    one mask for a model whose layers are all alike (a Mistral-style window on every layer), else
+    ``{layer type: mask}``, which models with ``config.layer_types`` (Gemma 2 and 3, Qwen2 and 3, ...)
+    take as given."""
     window = getattr(config, "sliding_window", None)
     kinds = set(getattr(config, "layer_types", None) or ())
     if not kinds:
