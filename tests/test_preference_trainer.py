@@ -178,3 +178,25 @@ def test_the_callback_skips_a_masked_forward_it_has_no_row_for(gpt2, caplog):
         model(**model_inputs)
     assert callback.report is None
     assert "no collated preference row is at hand to probe with" in caplog.text
+
+
+def test_a_flex_attention_model_takes_the_collators_block_mask(gpt2, monkeypatch):
+    """The collator builds a ``BlockMask`` for a flex-attention model; the split inputs run it and every
+    branch computes as alone. The kernel runs uncompiled, as in tests/test_preference_parity.py (on CPU
+    Inductor fails on the shared-prefix ``mask_mod``)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    from transformers.integrations import flex_attention as integration
+
+    def uncompiled(query, key, value, training=False, **kwargs):
+        return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(integration, "compile_friendly_flex_attention", uncompiled)
+    rows = conversation_pairs(2)
+    model = tiny_llama(gpt2.vocab_size, attention="flex_attention")
+    collator = PreferencePackingCollator(gpt2, layout="shared-prefix", model=model)
+    model_inputs, branches = split_preference_inputs(collator(rows))
+    assert isinstance(model_inputs["attention_mask"], BlockMask)
+    with torch.no_grad():
+        got = sequence_logps(model(**model_inputs).logits, branches).sums
+        expected = alone(tiny_llama(gpt2.vocab_size), PreferenceEncoder(gpt2).encode_rows(rows).units)
+    assert (got - expected).abs().max() <= TOLERANCE
