@@ -48,7 +48,7 @@ same tokens as free sequences aligned alike (every aligned ``prompt + branch`` f
 shared prompt and every branch piece for ``shared-prefix``, the unit's alignment tail on its last
 piece), at pack sizes a user of the set would pick (demo pairs 2k-8k, long prompts 16k-64k), units
 drawn at random until they fill about ``--plan-packs`` packs. Beside the fill gap: the least gap any
-plan of whole units could reach (at least one pack per unit over half a pack, and their tokens).
+plan of whole units could reach (`least_packs`: Martello and Toth's lower bound L2 on the packs).
 
     .venv/bin/python benchmarks/bench_preference.py [--full] [--rounds 5] [--sdpa-mask]
 """
@@ -534,6 +534,29 @@ def free_pieces(units: PreferenceUnits, layout: str, multiple: int) -> tuple[np.
     return pieces, np.repeat(np.arange(count), per_unit)
 
 
+def least_packs(sizes: np.ndarray, capacity: int) -> int:
+    """A lower bound on the packs any plan of these whole items needs: Martello and Toth's L2 (items
+    over ``capacity - a`` and over half a pack each need a pack of their own; the items of ``a`` up to
+    half a pack fill what those leave, then whole packs), the best over every ``a``; at least their
+    tokens over the capacity.
+
+    >>> least_packs(np.array([6, 6, 6, 5, 5, 5]), 10), least_packs(np.array([3, 3, 3, 3]), 10)
+    (5, 2)
+    """
+    s = np.sort(np.asarray(sizes, dtype=np.int64))
+    prefix = np.concatenate([[0], np.cumsum(s)])
+    alphas = np.unique(np.concatenate([[0], s[s <= capacity // 2]]))
+    half = int(np.searchsorted(s, capacity // 2, side="right"))  # items <= capacity / 2
+    fits = np.searchsorted(s, capacity - alphas, side="right")  # items <= capacity - a
+    alone = len(s) - fits  # over capacity - a: nothing of size >= a joins them
+    over_half = np.maximum(fits - half, 0)  # over half a pack, up to capacity - a
+    over_half_tokens = prefix[np.maximum(fits, half)] - prefix[half]
+    small_tokens = prefix[half] - prefix[np.searchsorted(s, alphas, side="left")]  # a .. capacity / 2
+    room = over_half * capacity - over_half_tokens
+    more = np.maximum(0, -(-(small_tokens - room) // capacity))
+    return int(max((alone + over_half + more).max(), -(-prefix[-1] // capacity)))
+
+
 def planner_fill(name: str, units: PreferenceUnits, pack_sizes, packs: int, seed: int) -> list[dict]:
     """Fill of the units packed whole (`plan_units`'s sizes, bfd) and of the same tokens as free
     sequences, aligned alike, at every pack size, layout and alignment; the units drawn at random
@@ -556,11 +579,7 @@ def planner_fill(name: str, units: PreferenceUnits, pack_sizes, packs: int, seed
                 free_plan = plan_packs(drawn_pieces, pack_size)
                 tokens = int(real[draw].sum())
                 unit_fill = tokens / (len(unit_plan) * pack_size)
-                # no plan of whole units needs fewer packs: their tokens, and one pack for each unit
-                # over half a pack (no two of them share one)
-                floor = max(
-                    int(np.ceil(sizes[draw].sum() / pack_size)), int((sizes[draw] > pack_size / 2).sum())
-                )
+                floor = least_packs(sizes[draw], pack_size)
                 free_fill = tokens / (len(free_plan) * pack_size)
                 out.append(
                     {
@@ -580,7 +599,7 @@ def planner_fill(name: str, units: PreferenceUnits, pack_sizes, packs: int, seed
                         "gap_points": 100 * (free_fill - unit_fill),
                         "packs_floor": floor,
                         "fill_floor": tokens / (floor * pack_size),
-                        # the least gap any plan of whole units could have against this free plan
+                        # no plan of whole units gets closer to this free plan
                         "least_gap_points": max(0.0, 100 * (free_fill - tokens / (floor * pack_size))),
                     }
                 )
