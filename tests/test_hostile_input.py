@@ -33,7 +33,7 @@ from numpy.lib import format as npy_format
 
 from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.chunks import Chunk
-from tightpack.prepare.tokenize import _parse
+from tightpack.prepare.tokenize import parse_chunk
 
 from .conftest import CliRun, run_main
 
@@ -631,10 +631,10 @@ def test_bom_is_accepted(tmp_path):
 
 
 def test_malformed_json_messages_read_cleanly():
-    """The reason of a malformed line, as `tokenize._parse` gives it for lines read from a file
+    """The reason of a malformed line, as `tokenize.parse_chunk` gives it for lines read from a file
     (with their newline): the right column, the right diagnosis, readable wording."""
     lines = [b'{"input": "x", "output": \n', b'{"input": "quest\n', b'{"input": "a\x00b"}\n']
-    reasons = [str(row) for _, row in _parse(Chunk(0, "x.jsonl", lines=lines, positions=[1, 2, 3]))]
+    reasons = [str(row) for _, row in parse_chunk(Chunk(0, "x.jsonl", lines=lines, positions=[1, 2, 3]))]
     assert reasons[0] == "malformed JSON: Expecting value at column 26", reasons  # not "column 1"
     assert reasons[1].startswith("malformed JSON: Unterminated string starting at"), reasons
     assert reasons[2].startswith("malformed JSON: Invalid control character"), reasons
