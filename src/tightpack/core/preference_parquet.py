@@ -71,8 +71,12 @@ class PreferenceFiles:
 
     @classmethod
     def of_file(cls, path: str | Path) -> PreferenceFiles | None:
-        """What ``path`` records, or None when it is not packed preference Parquet."""
-        metadata = pq.read_schema(path).metadata or {}
+        """What ``path`` records, or None when it is not packed preference Parquet (or not readable
+        Parquet at all: the readers of SFT packs name that fault)."""
+        try:
+            metadata = pq.read_schema(path).metadata or {}
+        except (OSError, pa.ArrowException):
+            return None
         if SCHEMA_KEY not in metadata:
             return None
         values = json.loads(metadata[SCHEMA_KEY])
