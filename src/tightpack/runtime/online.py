@@ -50,6 +50,10 @@ more tokens than the best capped pack of the others. The selection of both strat
 Inside a ``DataLoader`` with workers, worker ``w`` of ``W`` on data-parallel rank ``r`` of ``R`` packs
 its own shard: the samples at positions ``r * W + w`` modulo ``R * W`` of the stream.
 
+Preference pairs, KTO samples and groups are packed by the subclass
+`tightpack.runtime.online_preference.OnlinePreferencePacker`: each unit (a prompt and its branches) is
+one candidate, of its size and cost in the chosen layout, and every pack is one preference row.
+
 Nothing is dropped (except by the ``drop`` long-sample policy, counted): a finite stream is flushed.
 `state_dict` holds keys, lengths, arrival steps and counters, never tensors; `load_state_dict`
 restores the buffer through ``restore(key)`` and restarts the source after the samples already read,
