@@ -480,7 +480,6 @@ def test_every_recorded_setting_has_a_flag_of_pack():
 
     from tightpack.cli.app import app
     from tightpack.offline.pack_flags import SETTING_FLAGS, recorded_paths
-
     from tightpack.prepare.format_config import FormatConfig
 
     sft = recorded_paths(PackConfig(packed_sequence_size=64).settings())
