@@ -80,9 +80,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("multiple", [1, 8])
-@pytest.mark.parametrize(("kind", "make", "template"), CASES, ids=["text", "chat", "kto", "groups"])
+NAMES = ["text", "chat", "kto", "groups"]
+# Every kind in both layouts with alignment tails (8); without alignment (1) on text pairs only.
+GRID = [
+    pytest.param(*case, layout, multiple, id=f"{name}-{layout}-{multiple}")
+    for (name, case), multiples in zip(zip(NAMES, CASES, strict=True), ([1, 8], [8], [8], [8]), strict=True)
+    for multiple in multiples
+    for layout in LAYOUTS
+]
+
+
+@pytest.mark.parametrize(("kind", "make", "template", "layout", "multiple"), GRID)
 def test_a_pack_read_back_is_the_row_the_collator_builds(
     tmp_path, llama3, kind, make, template, layout, multiple
 ):
