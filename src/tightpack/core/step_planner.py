@@ -1,0 +1,346 @@
+"""One training step's sequences into balanced micro-batches for every data-parallel rank (`plan_step`).
+
+In RL post-training (GRPO, PPO, RLOO) the batch of a step is generated on the fly, and in global-batch
+SFT packing it is drawn from a pool: either way the step's sequences must be dealt to ``DP`` ranks and
+cut into micro-batches under a token budget, every step, in milliseconds. A data-parallel step lasts as
+long as its slowest rank, and ranks that run different numbers of micro-batches hang collectives.
+`plan_step` returns a `StepPlan` that every rank computes alike from the all-gathered lengths:
+
+1. **Ranks by cost.** Every sequence (or every group that must stay on one rank) costs what the cost
+   model says (`tightpack.core.cost_model.CostModel`: ``linear * s + quadratic * s**2 + per_sequence``;
+   tokens when none is given). Costs are additive over THD micro-batches, so a rank's time is the sum of
+   its sequences' costs whatever its micro-batches. Items are dealt heaviest first, each to the least
+   loaded rank (LPT, Graham 1969). Bound, for any inputs: the slowest rank costs at most
+   ``mean + (1 - 1/DP) * c_max`` (``c_max`` the costliest item), and at most ``(4/3 - 1/(3 DP))`` times
+   the best any dealing could do.
+2. **Micro-batches by tokens.** Each rank's sequences, longest first, go to the first of its
+   micro-batches with room under ``max_tokens`` (first-fit decreasing: at most ``11/9 OPT + 6/9``
+   micro-batches per rank, Dósa 2007), or, with a fixed ``micro_batches`` count, each to the rank's
+   lightest micro-batch. Every rank then gets the same count, the most any rank needs: a rank with
+   fewer splits its fullest micro-batches (a sequence moved into one of its own), and only a rank with
+   fewer sequences than the count gets empty micro-batches, which the plan counts.
+
+Deterministic: ties go to the lower index, and ``seed`` permutes which rank is called which (rank 0 is
+not always the one with the costliest sequence). Vectorized: the dealing in rounds of many items at
+once (exactly what dealing one by one gives), the micro-batches all ranks at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from tightpack.core.alignment import ceil_to_multiple
+from tightpack.core.cost_model import CostModel
+from tightpack.core.planner import plan_packs
+from tightpack.errors import TightpackError
+
+__all__ = ["StepPlan", "plan_step"]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A step's sequences dealt to ranks and cut into micro-batches (`plan_step`).
+
+    ``order`` lists the sequence indices micro-batch by micro-batch, rank-major (rank 0's micro-batches
+    0, 1, ..., then rank 1's); micro-batch ``k`` of rank ``r`` is
+    ``order[offsets[r * micro_batches + k] : offsets[r * micro_batches + k + 1]]``. The totals are
+    ``[ranks, micro_batches]``: ``tokens`` (aligned), ``supervised``, ``sequences`` and ``cost``.
+
+    Attributes:
+        ranks: the data-parallel size.
+        micro_batches: micro-batches per rank, the same for every rank.
+        empty_micro_batches: how many of all ``ranks * micro_batches`` hold no sequence (a rank with
+            fewer sequences than ``micro_batches``).
+        max_tokens: the budget the plan was made under, or None (a fixed count).
+    """
+
+    ranks: int
+    micro_batches: int
+    order: np.ndarray
+    offsets: np.ndarray
+    tokens: np.ndarray
+    supervised: np.ndarray
+    sequences: np.ndarray
+    cost: np.ndarray
+    empty_micro_batches: int
+    max_tokens: int | None
+
+    def micro_batch(self, rank: int, index: int) -> np.ndarray:
+        """The sequence indices of micro-batch ``index`` of ``rank``, int64."""
+        if not (0 <= rank < self.ranks and 0 <= index < self.micro_batches):
+            raise IndexError(
+                f"micro-batch {index} of rank {rank} is out of range ({self.ranks} ranks of "
+                f"{self.micro_batches} micro-batches)"
+            )
+        slot = rank * self.micro_batches + index
+        return self.order[self.offsets[slot] : self.offsets[slot + 1]]
+
+    def rank_batches(self, rank: int) -> list[np.ndarray]:
+        """Every micro-batch of ``rank``, in order."""
+        return [self.micro_batch(rank, index) for index in range(self.micro_batches)]
+
+    @property
+    def rank_cost(self) -> np.ndarray:
+        """The cost of every rank, float64 ``[ranks]``: what its step takes."""
+        return self.cost.sum(axis=1)
+
+    @property
+    def straggler_overhead(self) -> float:
+        """``max / mean - 1`` of the ranks' costs: the share of the step lost waiting for the slowest."""
+        costs = self.rank_cost
+        mean = costs.mean()
+        return float(costs.max() / mean - 1.0) if mean > 0 else 0.0
+
+
+def _integers(values, name: str, count: int | None = None, least: int = 0) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1 or (count is not None and len(array) != count):
+        shape = f"[{count}]" if count is not None else "one value per sequence, [N]"
+        raise TightpackError(f"{name} must be {shape}, got shape {array.shape}")
+    if len(array) and not np.issubdtype(array.dtype, np.integer):
+        raise TightpackError(f"{name} must be integers, got dtype {array.dtype}")
+    array = array.astype(np.int64)
+    low = np.flatnonzero(array < least)
+    if len(low):
+        raise TightpackError(
+            f"{name} must be >= {least}; sequence {low[0]} has {array[low[0]]} ({len(low)} such in all)"
+        )
+    return array
+
+
+def _check_size(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise TightpackError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+_HEAP_RANKS = 16
+"""Up to this many ranks the items are dealt one by one (a heap); above, in rounds."""
+
+
+def _deal(costs: np.ndarray, ranks: int) -> np.ndarray:
+    """The rank of every item: heaviest first, each to the least loaded rank (LPT; ties: lower rank).
+
+    Dealt in rounds: with the ranks by load ``l_1 <= l_2 <= ...`` and the next items ``x_1 >= x_2 >= ...``,
+    the first ``k`` items go to the ``k`` lightest ranks, heaviest to lightest, for the largest ``k`` with
+    ``l_k - l_1 <= x_k``: rank ``j`` is then the least loaded when item ``j`` comes, since every rank
+    served before it now carries at least ``l_1 + x_k >= l_k``, which is what dealing one by one does.
+    A round is one sort of the loads; few ranks make short rounds, so there a heap deals one by one.
+    """
+    order = np.argsort(-costs, kind="stable")
+    ordered = costs[order]
+    if ranks <= _HEAP_RANKS:
+        heap = [(0.0, rank) for rank in range(ranks)]
+        owners = [0] * len(order)
+        replace = heapq.heapreplace
+        for position, cost in enumerate(ordered.tolist()):
+            load, rank = heap[0]
+            replace(heap, (load + cost, rank))
+            owners[position] = rank
+        owner = np.empty(len(costs), dtype=np.int64)
+        owner[order] = owners
+        return owner
+    owner = np.empty(len(costs), dtype=np.int64)
+    loads = np.zeros(ranks, dtype=np.float64)
+    first = 0
+    while first < len(order):
+        lightest = np.argsort(loads, kind="stable")[: min(ranks, len(order) - first)]
+        levels = loads[lightest]
+        served = levels - levels[0] <= ordered[first : first + len(lightest)]
+        k = len(lightest) if served.all() else int(served.argmin())
+        owner[order[first : first + k]] = lightest[:k]
+        loads[lightest[:k]] += ordered[first : first + k]
+        first += k
+    return owner
+
+
+def _micro_batches(
+    rank_of: np.ndarray, tokens: np.ndarray, ranks: int, max_tokens: int | None, count: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The micro-batch of every sequence within its rank, and each rank's number of micro-batches.
+
+    With a ``count``, each rank's sequences are dealt to its ``count`` micro-batches by tokens as ranks
+    are by cost (`_deal`). With ``max_tokens``, first fit decreasing: a sequence goes to the first of
+    its rank's micro-batches with room, else to a new one; one over the budget gets a micro-batch of
+    its own. Few ranks hold many sequences each: the planner's first fit decreasing per rank. Many
+    ranks: all at once, one round per place in the ranks' longest-first lists.
+    """
+    by_rank = np.argsort(rank_of, kind="stable")
+    starts = np.searchsorted(rank_of[by_rank], np.arange(ranks + 1))
+    batch_of = np.empty(len(tokens), dtype=np.int64)
+    if count is not None:
+        for rank in range(ranks):
+            members = by_rank[starts[rank] : starts[rank + 1]]
+            batch_of[members] = _deal(tokens[members].astype(np.float64), count)
+        return batch_of, np.full(ranks, count, dtype=np.int64)
+    if ranks <= _HEAP_RANKS:
+        opened = np.zeros(ranks, dtype=np.int64)
+        for rank in range(ranks):
+            members = by_rank[starts[rank] : starts[rank + 1]]
+            alone = tokens[members] > max_tokens
+            plan = plan_packs(tokens[members[~alone]], max_tokens, algorithm="ffd")
+            batch_of[members[~alone]] = plan.pack_of_sample()
+            batch_of[members[alone]] = len(plan) + np.arange(int(alone.sum()))
+            opened[rank] = len(plan) + int(alone.sum())
+        return batch_of, opened
+    order = np.lexsort((np.arange(len(tokens)), -tokens, rank_of))  # by rank, then longest first
+    position = np.arange(len(order)) - starts[rank_of[order]]
+    loads = np.zeros((ranks, 4), dtype=np.int64)  # widened as ranks open micro-batches
+    opened = np.zeros(ranks, dtype=np.int64)
+    full = np.iinfo(np.int64).max // 4  # the load of a micro-batch holding a sequence over the budget
+    by_round = np.argsort(position, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(position))])
+    for round_ in range(len(bounds) - 1):
+        items = order[by_round[bounds[round_] : bounds[round_ + 1]]]
+        rows, size = rank_of[items], tokens[items]
+        columns = np.arange(loads.shape[1])
+        room = (loads[rows] + size[:, None] <= max_tokens) & (columns[None, :] < opened[rows][:, None])
+        fits = room.any(axis=1)
+        chosen = np.where(fits, room.argmax(axis=1), opened[rows])
+        opened[rows[~fits]] += 1
+        if opened.max() > loads.shape[1]:
+            loads = np.concatenate([loads, np.zeros_like(loads)], axis=1)
+        loads[rows, chosen] = np.where(size > max_tokens, full, loads[rows, chosen] + size)
+        batch_of[items] = chosen
+    return batch_of, opened
+
+
+def _even_out(rank_of: np.ndarray, batch_of: np.ndarray, opened: np.ndarray, target: int) -> None:
+    """Give every rank ``target`` micro-batches: a rank with fewer moves the last sequence of its
+    micro-batch with the most sequences into a new one, while one holds two or more; the rest stay
+    empty. ``batch_of`` is updated in place."""
+    short = np.flatnonzero(opened < target)
+    if not len(short):
+        return
+    by_rank = np.argsort(rank_of, kind="stable")
+    starts = np.searchsorted(rank_of[by_rank], np.arange(len(opened) + 1))
+    for rank in short.tolist():
+        members = by_rank[starts[rank] : starts[rank + 1]]
+        have = int(opened[rank])
+        while have < target and len(members):
+            counts = np.bincount(batch_of[members], minlength=have)
+            fullest = int(np.argmax(counts))
+            if counts[fullest] < 2:
+                break
+            moved = members[batch_of[members] == fullest][-1]
+            batch_of[moved] = have
+            have += 1
+
+
+def plan_step(
+    lengths,
+    data_parallel_size: int,
+    *,
+    max_tokens: int | None = None,
+    micro_batches: int | None = None,
+    supervised=None,
+    groups=None,
+    cost_model: CostModel | str | None = None,
+    pad_to_multiple_of: int = 1,
+    allow_oversize: bool = False,
+    seed: int = 0,
+) -> StepPlan:
+    """Deal one step's sequences to ``data_parallel_size`` ranks in micro-batches (module docstring).
+
+    Args:
+        lengths: tokens of every sequence of the step, int ``[N]``, each at least 1 (all ranks' sequences,
+            all-gathered: every rank computes the same plan and takes its share).
+        data_parallel_size: the ranks ``DP``.
+        max_tokens: the token budget of a micro-batch (aligned tokens). Give it or ``micro_batches``.
+        micro_batches: a fixed number of micro-batches per rank instead of a budget.
+        supervised: supervised tokens of every sequence, int ``[N]`` (the totals; the loss denominators of
+            `tightpack.core.step_loss`); None counts every token.
+        groups: a group id per sequence, int ``[N]``: the sequences of a group stay on one rank (a GRPO
+            group, the branches of a preference pair), possibly in several of its micro-batches.
+        cost_model: a `CostModel` or a preset name (``llama-8b``, ...); None costs a sequence its tokens.
+        pad_to_multiple_of: every sequence is aligned to this multiple (tensor or context parallelism):
+            its aligned length is what the budget and the cost count.
+        allow_oversize: a sequence above ``max_tokens`` gets a micro-batch of its own instead of an error.
+        seed: permutes which rank is called which.
+
+    Returns:
+        The `StepPlan`.
+
+    Raises:
+        TightpackError: bad lengths or sizes, both or neither of ``max_tokens`` and ``micro_batches``, a
+            sequence above ``max_tokens`` (naming it) without ``allow_oversize``.
+
+    Six rollouts over two ranks, at most 8 tokens per micro-batch:
+
+    >>> plan = plan_step([7, 1, 3, 2, 5, 4], 2, max_tokens=8)
+    >>> plan.micro_batches, [[batch.tolist() for batch in plan.rank_batches(r)] for r in range(2)]
+    (2, [[[0, 1], [2]], [[3, 4], [5]]])
+    >>> plan.rank_cost.tolist(), plan.empty_micro_batches
+    ([11.0, 11.0], 0)
+    """
+    ranks = _check_size(data_parallel_size, "data_parallel_size")
+    multiple = _check_size(pad_to_multiple_of, "pad_to_multiple_of")
+    lengths = _integers(lengths, "lengths", least=1)
+    count = len(lengths)
+    if (max_tokens is None) == (micro_batches is None):
+        raise TightpackError(
+            "give the micro-batches' token budget (max_tokens) or their number per rank (micro_batches), "
+            "one of the two"
+        )
+    if max_tokens is not None:
+        max_tokens = _check_size(max_tokens, "max_tokens")
+    if micro_batches is not None:
+        micro_batches = _check_size(micro_batches, "micro_batches")
+    aligned = ceil_to_multiple(lengths, multiple)
+    supervised = lengths.copy() if supervised is None else _integers(supervised, "supervised", count)
+    over = np.flatnonzero(lengths < supervised)
+    if len(over):
+        raise TightpackError(
+            f"supervised tokens exceed the sequence's tokens: sequence {over[0]} has {supervised[over[0]]} "
+            f"of {lengths[over[0]]}"
+        )
+    if max_tokens is not None and not allow_oversize:
+        too_long = np.flatnonzero(aligned > max_tokens)
+        if len(too_long):
+            raise TightpackError(
+                f"sequence {too_long[0]} has {aligned[too_long[0]]} tokens, over max_tokens={max_tokens} "
+                f"({len(too_long)} such in all); raise max_tokens or pass allow_oversize=True to give such a "
+                "sequence a micro-batch of its own",
+                parameters=("max_tokens", "allow_oversize"),
+            )
+    model = None if cost_model is None else CostModel.resolve(cost_model)
+    costs = aligned.astype(np.float64) if model is None else model.sequence_costs(aligned)
+    if groups is None:
+        rank_of = _deal(costs, ranks) if count else np.zeros(0, np.int64)
+    else:
+        _, group_of = np.unique(
+            _integers(groups, "groups", count, least=np.iinfo(np.int64).min), return_inverse=True
+        )
+        group_costs = np.bincount(group_of, weights=costs) if count else np.zeros(0)
+        rank_of = _deal(group_costs, ranks)[group_of] if count else np.zeros(0, np.int64)
+    if seed:
+        rank_of = np.random.default_rng(seed).permutation(ranks)[rank_of]
+    if count:
+        batch_of, opened = _micro_batches(rank_of, aligned, ranks, max_tokens, micro_batches)
+    else:
+        batch_of, opened = np.zeros(0, np.int64), np.zeros(ranks, np.int64)
+    per_rank = max(int(opened.max(initial=0)), 1) if micro_batches is None else micro_batches
+    _even_out(rank_of, batch_of, opened, per_rank)
+    slot = rank_of * per_rank + batch_of
+    order = np.lexsort((np.arange(count), slot)) if count else np.zeros(0, np.int64)
+    slots = ranks * per_rank
+    sizes = np.bincount(slot, minlength=slots)
+
+    def total(values, dtype) -> np.ndarray:
+        return np.bincount(slot, weights=values, minlength=slots).astype(dtype).reshape(ranks, per_rank)
+
+    return StepPlan(
+        ranks=ranks,
+        micro_batches=per_rank,
+        order=order.astype(np.int64),
+        offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        tokens=total(aligned, np.int64),
+        supervised=total(supervised, np.int64),
+        sequences=sizes.reshape(ranks, per_rank).astype(np.int64),
+        cost=total(costs, np.float64),
+        empty_micro_batches=int((sizes == 0).sum()),
+        max_tokens=max_tokens,
+    )
