@@ -37,7 +37,21 @@ from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import plan_packs
 from tightpack.errors import TightpackError
 
-__all__ = ["StepPlan", "plan_step"]
+__all__ = ["LossDenominators", "StepPlan", "plan_step"]
+
+
+@dataclass(frozen=True)
+class LossDenominators:
+    """What normalizes a step's loss over the whole global batch (`StepPlan.loss_denominators`).
+
+    Attributes:
+        tokens: supervised tokens of the step, every rank's (``token-mean`` divides by it).
+        sequences: sequences of the step with at least one supervised token (the sequence means divide
+            by it; a sequence with none has no mean and counts nowhere).
+    """
+
+    tokens: int
+    sequences: int
 
 
 @dataclass(frozen=True)
@@ -48,6 +62,8 @@ class StepPlan:
     0, 1, ..., then rank 1's); micro-batch ``k`` of rank ``r`` is
     ``order[offsets[r * micro_batches + k] : offsets[r * micro_batches + k + 1]]``. The totals are
     ``[ranks, micro_batches]``: ``tokens`` (aligned), ``supervised``, ``sequences`` and ``cost``.
+
+    ``trained`` counts the sequences with at least one supervised token.
 
     Attributes:
         ranks: the data-parallel size.
@@ -64,9 +80,16 @@ class StepPlan:
     tokens: np.ndarray
     supervised: np.ndarray
     sequences: np.ndarray
+    trained: np.ndarray
     cost: np.ndarray
     empty_micro_batches: int
     max_tokens: int | None
+
+    @property
+    def loss_denominators(self) -> LossDenominators:
+        """The step's denominators of every loss mode (`tightpack.runtime.step_loss`): the same on every
+        rank, since every rank computes the whole plan."""
+        return LossDenominators(tokens=int(self.supervised.sum()), sequences=int(self.trained.sum()))
 
     def micro_batch(self, rank: int, index: int) -> np.ndarray:
         """The sequence indices of micro-batch ``index`` of ``rank``, int64."""
@@ -340,6 +363,7 @@ def plan_step(
         tokens=total(aligned, np.int64),
         supervised=total(supervised, np.int64),
         sequences=sizes.reshape(ranks, per_rank).astype(np.int64),
+        trained=total((supervised > 0).astype(np.int64), np.int64),
         cost=total(costs, np.float64),
         empty_micro_batches=int((sizes == 0).sum()),
         max_tokens=max_tokens,
