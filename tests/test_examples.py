@@ -68,3 +68,16 @@ def test_the_check_script_packs_validates_and_refuses_stale_packs(tmp_path, caps
     assert (
         f"tightpack pack {train} --tokenizer {work / 'tokenizer'} --cp 4 --tp 2 --sp --pack-size 8192" in out
     )
+
+
+def test_the_rl_loop_trains_two_ranks_on_planned_micro_batches():
+    """examples/rl_step_planner.py runs as its docstring says: two gloo ranks, every step planned."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "rl_step_planner.py")], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2 and all("micro-batches per rank" in line for line in lines), run.stdout
