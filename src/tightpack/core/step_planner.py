@@ -28,6 +28,7 @@ once (exactly what dealing one by one gives), the micro-batches all ranks at onc
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,13 +255,13 @@ def _even_out(rank_of: np.ndarray, batch_of: np.ndarray, opened: np.ndarray, tar
 
 
 def plan_step(
-    lengths,
+    lengths: Sequence[int] | np.ndarray,
     data_parallel_size: int,
     *,
     max_tokens: int | None = None,
     micro_batches: int | None = None,
-    supervised=None,
-    groups=None,
+    supervised: Sequence[int] | np.ndarray | None = None,
+    groups: Sequence[int] | np.ndarray | None = None,
     cost_model: CostModel | str | None = None,
     pad_to_multiple_of: int = 1,
     allow_oversize: bool = False,

@@ -72,7 +72,8 @@ class GlobalBatchPacker:
         restore: ``restore(key)`` prepares any sample by its key; without it the ranks exchange samples.
         group: the data-parallel process group (None: the default group; without torch.distributed
             initialized, one rank).
-        pad_to_multiple_of, allow_oversize: as for `tightpack.core.step_planner.plan_step`.
+        pad_to_multiple_of: the alignment of every sequence, as for `tightpack.core.step_planner.plan_step`.
+        allow_oversize: a sample above ``max_tokens`` gets a micro-batch of its own, as there.
         pack_fn: builds a micro-batch from its samples (`tightpack.runtime.in_batch.pack_samples`).
         pad_token_id: the token of a padding micro-batch.
 
