@@ -269,7 +269,26 @@ def test_the_cli_packs_preference_rows_and_refuses_what_it_cannot(tmp_path):
     run = run_main(
         ["pack", prompts, "-o", tmp_path / "y", "--pack-size", "64", "--preference-layout", "shared-prefix"]
     )
-    assert run.returncode == 2 and "--preference-layout" in run.stderr and "--format" in run.stderr
+    assert (
+        run.returncode == 2 and "--preference-layout 'shared-prefix' lays out preference units" in run.stderr
+    )
+    assert "is an SFT sample" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    run = run_main(["pack", prompts, "-o", tmp_path / "y", "--pack-size", "64", "--format", "chat",
+                    "--preference-layout", "shared-prefix"])  # fmt: skip
+    assert run.returncode == 2 and "it needs --format preference, kto, groups (got 'chat')" in run.stderr
+    run = run_main(
+        [
+            "pack",
+            source,
+            "-o",
+            tmp_path / "auto-sp",
+            "--pack-size",
+            "1024",
+            "--preference-layout",
+            "shared-prefix",
+        ]
+    )  # fmt: skip  (--format auto on preference rows)
+    assert run.returncode == 0 and "units packed (preference, shared-prefix)" in run.stdout, run.stderr
 
 
 def test_log_probs_read_from_disk_equal_each_branch_alone(tmp_path):

@@ -153,6 +153,8 @@ BAD = [
         "share no prompt",
     ),
     ({"prompt": "p", "completions": [" a"]}, "groups", "at least 2 completions"),
+    ({"prompt": "p", "completions": [" a", None]}, "groups", "'completions[1]' is null"),
+    ({"prompt": "p"}, "groups", "missing key 'completions', or it is null"),
     ({"prompt": "p", "completions": [" a", " b"], "rewards": [1.0]}, "groups", "list of 2 numbers"),
     ({"prompt": "p", "completions": [" a", " b"], "rewards": [1.0, "x"]}, "groups", "list of 2 numbers"),
     ({"prompt": "p", "completions": [" a", " b"], "advantages": [1.0, math.nan]}, "groups", "not finite"),

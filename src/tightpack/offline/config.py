@@ -166,7 +166,8 @@ class PackConfig:
             )
         self.cap  # noqa: B018 - raises when max_seq_length < the alignment multiple
         check_choice("preference_layout", self.preference_layout, LAYOUTS)
-        if not self.packs_units and self.preference_layout != "pairs":
+        # ``auto`` is resolved by the first row, and the run checks the settings again then
+        if not self.packs_units and self.format.format != "auto" and self.preference_layout != "pairs":
             raise TightpackError(
                 f"preference_layout {self.preference_layout!r} lays out preference units; it needs format "
                 f"{', '.join(PREFERENCE_FORMATS)} (got {self.format.format!r})",

@@ -155,6 +155,13 @@ def _pack(
         sources = open_sources(inputs, split=split)
         config = _run_config(config, sources)
         config.validate()  # again: ``auto`` may have become a preference format
+        if not config.packs_units and config.preference_layout != "pairs":
+            raise TightpackError(
+                f"preference_layout {config.preference_layout!r} lays out preference units, but the first "
+                f"row of {sources[0].name} is an SFT sample (no chosen/rejected, completions or label): "
+                "give preference rows, or drop preference_layout",
+                parameters=("preference_layout",),
+            )
 
     staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     claim(staging)

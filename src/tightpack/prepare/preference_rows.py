@@ -72,7 +72,7 @@ def _unweighted(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _branch_rows(prompt: Any, branches: list[Any], names: list[str]) -> tuple[list[dict[str, Any]], bool]:
     for branch, name in zip(branches, names, strict=True):
         if branch is None:
-            raise RowError(f"missing key {name.split('[')[0]!r}, or it is null")
+            raise RowError(f"{name!r} is null" if "[" in name else f"missing key {name!r}, or it is null")
         if branch == "" or branch == []:
             raise RowError(f"{name!r} is empty: a branch needs at least one token after the prompt")
     if isinstance(prompt, str):
@@ -154,6 +154,8 @@ def branch_rows(row: Any, kind: PreferenceKind) -> BranchRows:
         branches, names, values = [row.get("completion")], ["completion"], {"labels": [label]}
     else:
         completions = row.get("completions")
+        if completions is None:
+            raise RowError("missing key 'completions', or it is null (a list of the group's completions)")
         if not isinstance(completions, list):
             raise RowError(f"'completions' must be a list of completions, got {type(completions).__name__}")
         if len(completions) < 2:
