@@ -322,6 +322,9 @@ def goals(config: dict) -> dict:
         "best_peer_overhead": best,
         "best_fitting_peer_overhead": best_fitting,
         "overhead": overhead <= GOAL_RATIO * best or overhead <= GOAL_ABSOLUTE,
+        "overhead_by_ratio": overhead <= GOAL_RATIO * best,
+        "at_most_best_peer": overhead <= best,
+        "at_most_best_fitting_peer": None if best_fitting is None else overhead <= best_fitting,
         "overhead_vs_fitting": None
         if best_fitting is None
         else overhead <= GOAL_RATIO * best_fitting or overhead <= GOAL_ABSOLUTE,
@@ -342,6 +345,16 @@ def verdict(value: bool | None, at_floor: bool = False) -> str:
     if value is None:
         return "n.a."
     return "met" if value else ("at floor" if at_floor else "MISS")
+
+
+def overhead_verdict(goal: dict) -> str:
+    """``met: half`` (at most half the best peer's), ``met: <=0.5%`` (only by the absolute clause),
+    ``at floor`` (missed, but no planner can do better) or ``MISS``."""
+    if goal["overhead_by_ratio"]:
+        return "met: half"
+    if goal["overhead"]:
+        return "met: <=0.5%"
+    return "at floor" if goal["at_floor"] else "MISS"
 
 
 def pct(value: float | None) -> float | None:
@@ -368,15 +381,15 @@ def tables(configs: list[dict], oversize: list[dict]) -> dict:
                 *where(c),
                 pct(c["floor"][COST_MODEL]),
                 *[cell(p[name], lambda x: pct(x["overhead"][COST_MODEL])) for name in PLANNERS],
-                verdict(c["goals"]["overhead"], c["goals"]["at_floor"]),
+                overhead_verdict(c["goals"]),
             ]
         )
     out["overhead"] = table(
         [*head, "floor %", *[f"{name} %" for name in PLANNERS], "goal"],
         rows,
         f"straggler overhead (%), scored by {COST_MODEL}: sum of slowest rank / sum of mean - 1 over the "
-        "steps; goal: plan_step at most half the best peer's or at most 0.5% (at floor: missed, but no "
-        "planner can do better than the floor)",
+        "steps; goal: plan_step at most half the best peer's (met: half) or at most 0.5% (met: <=0.5%); at "
+        "floor: missed, but no planner can do better than the floor",
     )
     rows = []
     for c in configs:
@@ -512,6 +525,9 @@ def headline(configs: list[dict]) -> dict:
         "overhead goal missed with plan_step at the floor": f"{sum(c['goals']['at_floor'] for c in missed)} "
         f"of {len(missed)}",
         "overhead goal met against peers within the budget": count("overhead_vs_fitting"),
+        "overhead goal met by its first clause (at most half the best peer's)": count("overhead_by_ratio"),
+        "plan_step's overhead at most the best peer's": count("at_most_best_peer"),
+        "plan_step's overhead at most the best peer's within the budget": count("at_most_best_fitting_peer"),
         "micro-batch goal met (configurations)": count("micro_batches"),
         "worst plan_step overhead (%)": 100 * max(mine),
         "worst best-peer overhead (%)": 100 * max(best),
