@@ -181,6 +181,22 @@ def _deal(costs: np.ndarray, ranks: int) -> np.ndarray:
     return owner
 
 
+def _small(values: np.ndarray) -> np.ndarray:
+    """Non-negative integers in the narrowest type numpy sorts stably by radix (16 bits) when they fit."""
+    return values.astype(np.int16) if values.max(initial=0) < np.iinfo(np.int16).max else values
+
+
+def _by_rank_longest_first(rank_of: np.ndarray, tokens: np.ndarray, ranks: int) -> np.ndarray:
+    """The sequences by rank, then longest first, then by index: one sort of a key that holds all three
+    (unique, so any sort gives this order) when it fits 63 bits, else a sort per key."""
+    count, span = len(tokens), int(tokens.max(initial=0)) + 1
+    if ranks * span * max(count, 1) < 2**62:
+        key = (rank_of * span + (span - 1 - tokens)) * count + np.arange(count)
+        return np.argsort(key)
+    longest_first = np.argsort(-tokens, kind="stable")
+    return longest_first[np.argsort(rank_of[longest_first], kind="stable")]
+
+
 def _micro_batches(
     rank_of: np.ndarray, tokens: np.ndarray, ranks: int, max_tokens: int | None, count: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -192,8 +208,9 @@ def _micro_batches(
     its own. Few ranks hold many sequences each: the planner's first fit decreasing per rank. Many
     ranks: all at once, one round per place in the ranks' longest-first lists.
     """
-    by_rank = np.argsort(rank_of, kind="stable")
-    starts = np.searchsorted(rank_of[by_rank], np.arange(ranks + 1))
+    order = _by_rank_longest_first(rank_of, tokens, ranks)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(rank_of, minlength=ranks))])
+    by_rank = order
     batch_of = np.empty(len(tokens), dtype=np.int64)
     if count is not None:
         for rank in range(ranks):
@@ -210,48 +227,51 @@ def _micro_batches(
             batch_of[members[alone]] = len(plan) + np.arange(int(alone.sum()))
             opened[rank] = len(plan) + int(alone.sum())
         return batch_of, opened
-    order = np.lexsort((np.arange(len(tokens)), -tokens, rank_of))  # by rank, then longest first
     position = np.arange(len(order)) - starts[rank_of[order]]
     loads = np.zeros((ranks, 4), dtype=np.int64)  # widened as ranks open micro-batches
+    columns = np.arange(loads.shape[1])
     opened = np.zeros(ranks, dtype=np.int64)
     full = np.iinfo(np.int64).max // 4  # the load of a micro-batch holding a sequence over the budget
-    by_round = np.argsort(position, kind="stable")
+    by_round = order[np.argsort(_small(position), kind="stable")]
     bounds = np.concatenate([[0], np.cumsum(np.bincount(position))])
     for round_ in range(len(bounds) - 1):
-        items = order[by_round[bounds[round_] : bounds[round_ + 1]]]
+        items = by_round[bounds[round_] : bounds[round_ + 1]]
         rows, size = rank_of[items], tokens[items]
-        columns = np.arange(loads.shape[1])
-        room = (loads[rows] + size[:, None] <= max_tokens) & (columns[None, :] < opened[rows][:, None])
+        current = loads[rows]
+        room = (current + size[:, None] <= max_tokens) & (columns < opened[rows][:, None])
         fits = room.any(axis=1)
         chosen = np.where(fits, room.argmax(axis=1), opened[rows])
         opened[rows[~fits]] += 1
         if opened.max() > loads.shape[1]:
             loads = np.concatenate([loads, np.zeros_like(loads)], axis=1)
-        loads[rows, chosen] = np.where(size > max_tokens, full, loads[rows, chosen] + size)
+            columns = np.arange(loads.shape[1])
+        placed = np.take_along_axis(current, np.minimum(chosen, current.shape[1] - 1)[:, None], 1)[:, 0]
+        placed = np.where(chosen < current.shape[1], placed, 0)
+        loads[rows, chosen] = np.where(size > max_tokens, full, placed + size)
         batch_of[items] = chosen
     return batch_of, opened
 
 
 def _even_out(rank_of: np.ndarray, batch_of: np.ndarray, opened: np.ndarray, target: int) -> None:
-    """Give every rank ``target`` micro-batches: a rank with fewer moves the last sequence of its
-    micro-batch with the most sequences into a new one, while one holds two or more; the rest stay
-    empty. ``batch_of`` is updated in place."""
-    short = np.flatnonzero(opened < target)
-    if not len(short):
+    """Give every rank ``target`` micro-batches: a rank with fewer moves the last sequence (the highest
+    index) of its micro-batch with the most sequences into a new one, while one holds two or more; the
+    rest stay empty. All short ranks at once, one move each per pass. ``batch_of`` is updated in place."""
+    if not len(rank_of) or (opened >= target).all():
         return
-    by_rank = np.argsort(rank_of, kind="stable")
-    starts = np.searchsorted(rank_of[by_rank], np.arange(len(opened) + 1))
-    for rank in short.tolist():
-        members = by_rank[starts[rank] : starts[rank + 1]]
-        have = int(opened[rank])
-        while have < target and len(members):
-            counts = np.bincount(batch_of[members], minlength=have)
-            fullest = int(np.argmax(counts))
-            if counts[fullest] < 2:
-                break
-            moved = members[batch_of[members] == fullest][-1]
-            batch_of[moved] = have
-            have += 1
+    ranks, width = len(opened), target
+    sequence = np.arange(len(rank_of))
+    while True:
+        slot = rank_of * width + batch_of
+        counts = np.bincount(slot, minlength=ranks * width).reshape(ranks, width)
+        fullest = counts.argmax(axis=1)
+        short = np.flatnonzero((opened < target) & (counts[np.arange(ranks), fullest] >= 2))
+        if not len(short):
+            return
+        last = np.full(ranks * width, -1, dtype=np.int64)
+        np.maximum.at(last, slot, sequence)
+        moved = last[short * width + fullest[short]]
+        batch_of[moved] = opened[short]
+        opened[short] += 1
 
 
 def plan_step(
@@ -313,7 +333,7 @@ def plan_step(
         max_tokens = _check_size(max_tokens, "max_tokens")
     if micro_batches is not None:
         micro_batches = _check_size(micro_batches, "micro_batches")
-    aligned = ceil_to_multiple(lengths, multiple)
+    aligned = lengths if multiple == 1 else ceil_to_multiple(lengths, multiple)
     supervised = lengths.copy() if supervised is None else _integers(supervised, "supervised", count)
     over = np.flatnonzero(lengths < supervised)
     if len(over):
@@ -349,7 +369,7 @@ def plan_step(
     per_rank = max(int(opened.max(initial=0)), 1) if micro_batches is None else micro_batches
     _even_out(rank_of, batch_of, opened, per_rank)
     slot = rank_of * per_rank + batch_of
-    order = np.lexsort((np.arange(count), slot)) if count else np.zeros(0, np.int64)
+    order = np.argsort(_small(slot), kind="stable") if count else np.zeros(0, np.int64)
     slots = ranks * per_rank
     sizes = np.bincount(slot, minlength=slots)
 
