@@ -260,6 +260,9 @@ def test_the_cli_packs_preference_rows_and_refuses_what_it_cannot(tmp_path):
         (["--engine", "ray"], "engine"),
         (["--output-format", "npy"], "output-format"),
         (["--balance-costs", "llama-8b"], "balance-costs"),
+        (["--loss-on", "all"], "--loss-on"),  # settings of SFT rows: refused, not silently ignored
+        (["--truncate-field", "prompt"], "--truncate-field"),
+        (["--preference-layout", "shared-prefix", "--cp", "2"], "cannot take --cp 2"),
     ):
         run = run_main(["pack", source, "-o", tmp_path / "x", "--pack-size", "1024", "--format", "preference",
                         *extra])  # fmt: skip
@@ -322,3 +325,11 @@ def test_log_probs_read_from_disk_equal_each_branch_alone(tmp_path):
                 trained = np.concatenate([np.zeros(len(units.prompt(unit)) - 1), mask]).astype(bool)
                 alone.append(logp[torch.from_numpy(trained)].sum())
         torch.testing.assert_close(packed, torch.stack(alone), rtol=0, atol=1e-10)
+
+
+def test_verify_takes_the_multiple_and_cp_it_is_given_and_counts_every_sound_row(tmp_path):
+    out = _pack(text_pairs(20), tmp_path, "preference", "pairs", packed_sequence_size=1024)
+    assert verify_packed(out).ok
+    for report in (verify_packed(out, multiple=16), verify_packed(out, cp=2)):
+        assert not report.ok and set(report.counts) == {"alignment"}, report.counts  # no knock-on faults
+        assert report.checked["sequences"] == 40 and report.checked["units"] == 20

@@ -174,31 +174,35 @@ class PackConfig:
                 parameters=("preference_layout", "format"),
             )
         if self.packs_units:
-            unsupported = [
-                (name, why)
-                for name, given, why in (
-                    ("engine='ray'", self.engine != "local", "they are tokenized with the local engine"),
-                    (
-                        "output_format='npy'",
-                        self.output_format != "parquet",
-                        "the legacy .npy has no unit columns",
-                    ),
-                    (
-                        "balance_costs",
-                        self.balance_costs is not None,
-                        "the cost balance moves single sequences",
-                    ),
-                    ("vision", self.format.vision is not None, "units are text"),
-                    (
-                        "pad_to_max_length",
-                        self.pad_to_max_length,
-                        "the preference reader lays rows out as they are",
-                    ),
-                )
-                if given
-            ]
-            if unsupported:
-                name, why = unsupported[0]
+            self._check_units()
+
+    def _check_units(self) -> None:
+        """What a run of preference units cannot take: each refused with why, not silently ignored."""
+        refused = {
+            "engine='ray'": (self.engine != "local", "units are tokenized with the local engine"),
+            "output_format='npy'": (self.output_format != "parquet", "the legacy .npy has no unit columns"),
+            "balance_costs": (self.balance_costs is not None, "the cost balance moves single sequences"),
+            "vision": (self.format.vision is not None, "units are text"),
+            "pad_to_max_length": (self.pad_to_max_length, "the preference reader lays rows out as they are"),
+        }
+        # the sample settings of SFT rows: a unit's rows have their own keys and rendering
+        defaults = FormatConfig()
+        for name in ("loss_on", "prompt_template", "input_key", "output_key", "messages_key", "tools_key",
+                     "truncate_fields", "truncation_method", "chat_truncation"):  # fmt: skip
+            refused[name] = (
+                getattr(self.format, name) != getattr(defaults, name),
+                "it is a setting of SFT rows; preference rows take prompt / chosen / rejected, completion or "
+                "completions, their loss on the branches",
+            )
+        if self.cp > 1 and self.preference_layout == "shared-prefix":
+            raise TightpackError(
+                f"preference_layout 'shared-prefix' cannot take cp {self.cp}: context parallelism cuts a row "
+                "at its sequence boundaries, which cannot keep a branch from its sibling; use "
+                "preference_layout 'pairs', or drop cp",
+                parameters=("preference_layout", "cp"),
+            )
+        for name, (given, why) in refused.items():
+            if given:
                 raise TightpackError(
                     f"format {self.format.format!r} packs whole preference units, without {name}: {why}; "
                     f"drop {name}",

@@ -74,6 +74,8 @@ class FormatConfig:
         check_choice("loss_on", self.loss_on, get_args(LossOn))
         check_choice("truncation_method", self.truncation_method, get_args(TruncationMethod))
         check_choice("chat_truncation", self.chat_truncation, get_args(ChatTruncation))
+        if self.format in PREFERENCE_FORMATS:
+            return  # no prompt template: a unit's rows have their own keys (the run refuses SFT settings)
         fields = {field for _, field, _, _ in string.Formatter().parse(self.template) if field}
         unknown = sorted(set(self.truncation_fields) - fields)
         if self.truncate_fields is not None and unknown:

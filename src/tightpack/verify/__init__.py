@@ -103,7 +103,7 @@ def verify_packed(
         report.add("manifest", manifest_fault)
     described = None if files[0].lower().endswith(".npy") else PreferenceFiles.of_file(files[0])
     if described is not None:
-        settings["multiple"] = described.multiple
+        settings["multiple"] = multiple or described.multiple
         totals = check_preference_files(files, described, settings, report)
         check_metadata(entries, settings, totals, report)
         if manifest is not None:

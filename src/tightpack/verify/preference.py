@@ -58,10 +58,15 @@ class _Group:
         self.rows, self.report, self.file, self.first_row = rows, report, file, first_row
         self.bad = np.zeros(len(rows), dtype=bool)
 
-    def flag(self, check: str, selected: np.ndarray, message) -> None:
-        """Report every row of ``selected`` (bool per row) as ``message(row)``; it is unsound now."""
+    def report_rows(self, check: str, selected: np.ndarray, message) -> None:
+        """Report every row of ``selected`` (bool per row) as ``message(row)``; a row whose shape is sound
+        but breaks a setting (pack size, alignment) still counts in the totals."""
         for row in np.flatnonzero(selected):
             self.report.add(check, message(int(row)), file=self.file, row=self.first_row + int(row))
+
+    def flag(self, check: str, selected: np.ndarray, message) -> None:
+        """`report_rows`, and the rows are unsound now: the later checks and the totals leave them out."""
+        self.report_rows(check, selected, message)
         self.bad |= selected
 
 
@@ -121,12 +126,12 @@ def _check_rows(group: _Group, described: PreferenceFiles, settings: dict[str, A
     )
     pack_size = settings.get("pack_size")
     if pack_size:
-        group.flag("width", width > pack_size, lambda r: f"the row holds {width[r]} tokens, over the pack "
-                   f"size {pack_size}")  # fmt: skip
-    multiple = described.multiple
+        group.report_rows("width", width > pack_size, lambda r: f"the row holds {width[r]} tokens, over the "
+                          f"pack size {pack_size}")  # fmt: skip
+    multiple = settings.get("multiple") or described.multiple
     cp = settings.get("cp") or 1
     divisor = int(np.lcm(multiple, 2 * cp)) if cp > 1 else multiple
-    group.flag(
+    group.report_rows(
         "alignment",
         _any(offsets["sequence_start"], segment % divisor != 0) & ~group.bad,
         lambda r: (
