@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tightpack.core.preference_units import PreferenceUnits, concatenated_ranges, fit_units, unit_sizes
+from tightpack.errors import TightpackError
 from tightpack.prepare.format_config import FormatConfig
 from tightpack.prepare.preference_rows import PreferenceEncoder
 from tightpack.prepare.tokenize import Encoder
@@ -114,16 +115,22 @@ def test_kto_and_groups_carry_labels_and_rewards(gpt2):
     groups = PreferenceEncoder(gpt2, "groups").encode_rows(
         [
             {"prompt": "Count:", "completions": completions, "rewards": [0.5, -1, 2.25]},
-            {"prompt": "Say:", "completions": [" a", " b"], "advantages": [1.0, -1.0]},
+            {"prompt": "Say:", "completions": [" a", " b"], "rewards": [1.0, -1.0]},
         ]
     )
     assert not groups.bad_rows
     units = groups.units
     assert units.branches_per_unit.tolist() == [3, 2]
-    assert units.rewards.dtype == np.float32 and units.advantages.dtype == np.float32
-    assert units.rewards[:3].tolist() == [0.5, -1.0, 2.25]
-    assert units.advantages[3:].tolist() == [1.0, -1.0]
-    assert np.isnan(units.rewards[3:]).all() and np.isnan(units.advantages[:3]).all()
+    assert units.rewards.dtype == np.float32
+    assert units.rewards.tolist() == [0.5, -1.0, 2.25, 1.0, -1.0]
+    # advantages for one group only: a loss weighted by them would be NaN for the other, so refused
+    with pytest.raises(
+        TightpackError, match=r"^advantages are given for some groups and not for source row 0 "
+    ):
+        PreferenceEncoder(gpt2, "groups").encode_rows(
+            [{"prompt": "Count:", "completions": completions}, {"prompt": "Say:", "completions": [" a", " b"],
+             "advantages": [1.0, -1.0]}]
+        )  # fmt: skip
     check_unit(units, 0, gpt2, TEXT, [{"prompt": "Count:", "completion": c} for c in completions])
 
 

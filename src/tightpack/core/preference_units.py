@@ -28,7 +28,7 @@ import numpy as np
 from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.pack_plan import PackPlan
 from tightpack.core.planner import plan_packs
-from tightpack.errors import check_choice
+from tightpack.errors import TightpackError, check_choice
 
 __all__ = [
     "PreferenceUnits",
@@ -122,14 +122,14 @@ class PreferenceUnits:
 
     @classmethod
     def concatenate(cls, parts: list[PreferenceUnits]) -> PreferenceUnits:
-        """The units of ``parts``, one after another. A per-branch value set in some parts only is NaN
-        (``rewards``, ``advantages``) in the others; ``labels`` must be set in all or none.
+        """The units of ``parts``, one after another. A per-branch value (``labels``, ``rewards``,
+        ``advantages``) must be set in all parts or in none.
 
         >>> a = PreferenceUnits.from_lists([[1]], [[2], [3]], [2], rewards=[1.0, 0.0])
-        >>> b = PreferenceUnits.from_lists([[4, 5]], [[6], [7]], [2], source_index=[9])
+        >>> b = PreferenceUnits.from_lists([[4, 5]], [[6], [7]], [2], source_index=[9], rewards=[0.5, 0.5])
         >>> both = PreferenceUnits.concatenate([a, b])
         >>> both.prompt_lengths.tolist(), both.source_index.tolist(), both.rewards.tolist()
-        ([1, 2], [0, 9], [1.0, 0.0, nan, nan])
+        ([1, 2], [0, 9], [1.0, 0.0, 0.5, 0.5])
         """
         if not parts:
             raise ValueError("concatenate needs at least one part")
@@ -147,14 +147,14 @@ class PreferenceUnits:
             given = [getattr(part, name) for part in parts]
             if all(value is None for value in given):
                 continue
-            if name == "labels" and any(value is None for value in given):
-                raise ValueError("labels are set in some parts and not in others")
-            values[name] = np.concatenate(
-                [
-                    value if value is not None else np.full(len(part.branch_lengths), np.nan, np.float32)
-                    for part, value in zip(parts, given, strict=True)
-                ]
-            )
+            without = next((part for part, value in zip(parts, given, strict=True) if value is None), None)
+            if without is not None:  # a loss weighted by them would be NaN for those units: refused
+                row = int(without.source_index[0]) if len(without) else -1
+                raise TightpackError(
+                    f"{name} are given for some units and not for source row {row}: give {name} for every "
+                    "unit or for none"
+                )
+            values[name] = np.concatenate(given)
         return cls(
             prompt_tokens=joined("prompt_tokens"),
             prompt_offsets=offsets("prompt_offsets"),

@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from tightpack.core.preference_units import PreferenceUnits
-from tightpack.errors import check_choice
+from tightpack.errors import TightpackError, check_choice
 from tightpack.prepare.chunks import Chunk
 from tightpack.prepare.format_config import FormatConfig
 from tightpack.prepare.rendered import RowError
@@ -326,10 +326,14 @@ def _units(
     counts = [len(arrays) - 1 for _, arrays, _, _ in built]
     per_branch: dict[str, np.ndarray] = {}
     for name in sorted({name for *_, values in built for name in values}):
+        without = [offset for offset, _, _, given in built if name not in given]
+        if without:  # a loss weighted by them would be NaN for these groups: refused, not filled
+            raise TightpackError(
+                f"{name} are given for some groups and not for source row {first_sample + without[0]} "
+                f"({len(without)} such): give {name} for every group or for none"
+            )
         dtype = bool if name == "labels" else np.float32
-        missing = False if name == "labels" else math.nan  # a group without rewards among groups with them
-        values = [v for _, arrays, _, given in built for v in given.get(name, [missing] * (len(arrays) - 1))]
-        per_branch[name] = np.array(values, dtype=dtype)
+        per_branch[name] = np.array([v for *_, given in built for v in given[name]], dtype=dtype)
     return PreferenceUnits(
         prompt_tokens=_concatenated(prompts, np.int64),
         prompt_offsets=_offsets([len(p) for p in prompts]),
