@@ -137,7 +137,9 @@ def test_kto_and_groups_carry_labels_and_rewards(gpt2):
 BAD = [
     ({"prompt": "p", "chosen": " a"}, "preference", "missing key 'rejected'"),
     ({"prompt": "p", "chosen": None, "rejected": " a"}, "preference", "missing key 'chosen', or it is null"),
-    ({"prompt": "p", "completion": " a", "label": True}, "preference", "is a KTO row: kind='kto'"),
+    ({"prompt": "p", "completion": " a", "label": True}, "preference", "is a KTO row: pack it as format kto"),
+    ({"prompt": "p", "completions": [" a", " b"]}, "preference", "is a group: pack it as format groups"),
+    ({"chosen": [], "rejected": []}, "preference", "'chosen' is empty: a whole conversation"),
     ({"prompt": "p", "completion": " a"}, "kto", "missing key 'label', or it is null"),
     ({"prompt": "p", "rejected": " a"}, "preference", "missing key 'chosen'"),
     ({"prompt": "p", "chosen": "", "rejected": " a"}, "preference", "'chosen' is empty"),
@@ -149,7 +151,7 @@ BAD = [
             "rejected": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
         },
         "preference",
-        "'chosen' is empty",
+        "'chosen' has no message after the prompt it shares with the other branch",
     ),
     (
         {

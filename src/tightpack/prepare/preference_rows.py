@@ -16,8 +16,9 @@ Every branch is rendered with its prompt by the same formatter and tokenizer as 
 chat template, EOS appended as there). Where the prompt ends is where the branch's loss mask starts:
 the chat template's generation prompt belongs to the prompt. The prompt is kept once per unit: the
 tokens every branch's rendering starts with, up to there. Where a tokenizer merges the prompt's end
-with a branch's start (text rows), the differing tokens belong to each branch, unsupervised, so every
-branch still trains on exactly the tokens of its own rendering.
+with a branch's start (text rows), the differing tokens belong to each branch, masked as its rendering
+masks them (a token holding a character of the branch is supervised), so every branch trains on
+exactly the tokens of its own rendering.
 """
 
 from __future__ import annotations
@@ -96,9 +97,18 @@ def _implicit_prompt(chosen: Any, rejected: Any) -> tuple[list, list, list]:
             "missing key 'prompt': without one, 'chosen' and 'rejected' must be whole conversations "
             "(lists of messages) that share their first messages"
         )
+    for name, value in (("chosen", chosen), ("rejected", rejected)):
+        if not value:
+            raise RowError(f"{name!r} is empty: a whole conversation needs its messages")
     shared = 0
     while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
         shared += 1
+    for name, value in (("chosen", chosen), ("rejected", rejected)):
+        if shared == len(value):
+            raise RowError(
+                f"{name!r} has no message after the prompt it shares with the other branch (the implicit "
+                "prompt is their common first messages): the pair states no preference"
+            )
     if shared == 0:
         raise RowError(
             "'chosen' and 'rejected' share no prompt: their first messages differ (give a 'prompt', or "
@@ -137,7 +147,11 @@ def branch_rows(row: Any, kind: PreferenceKind) -> BranchRows:
         chosen, rejected = row.get("chosen"), row.get("rejected")
         if chosen is None or rejected is None:
             hint = (
-                " (a row of prompt, completion and label is a KTO row: kind='kto')" if "label" in row else ""
+                " (a row of prompt, completion and label is a KTO row: pack it as format kto)"
+                if "label" in row
+                else " (a row of prompt and completions is a group: pack it as format groups)"
+                if "completions" in row
+                else ""
             )
             raise RowError(f"missing key {'chosen' if chosen is None else 'rejected'!r}, or it is null{hint}")
         if prompt is None:
@@ -295,7 +309,9 @@ def _split_prompt(branches: list[tuple[np.ndarray, np.ndarray]], names: list[str
         shared = int(differ[0]) if len(differ) else shared
     if shared == 0:
         reason = (
-            "the prompt renders to no tokens: a branch's loss starts at its first token"
+            "no prompt token is left before a branch's first supervised token: the prompt renders to no "
+            "tokens, or the tokenizer merged all of it into the branch's first token (end the prompt with "
+            "a separator such as a space or a newline)"
             if min(starts) == 0
             else f"the renderings of {', '.join(map(repr, names))} differ from their first token: the "
             "tokenizer merged the prompt's start with a branch, so no prompt token is shared (start the "
