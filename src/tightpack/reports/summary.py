@@ -101,6 +101,8 @@ class PackArrays:
         squared: sum over the pack's sequences of their squared runtime length, float64 ``[packs]``
             (tokens squared: the attention work of the pack).
         sequence_lengths: runtime length of every sequence, pack after pack, int64 ``[sum(sequences)]``.
+        units: preference packs only: the units (pairs, KTO samples, groups) of every pack, int64
+            ``[packs]``; None for SFT packs.
     """
 
     path: str
@@ -111,6 +113,7 @@ class PackArrays:
     supervised: np.ndarray
     squared: np.ndarray
     sequence_lengths: np.ndarray
+    units: np.ndarray | None = None
 
 
 def read_pack_arrays(path: str | Path) -> PackArrays:
@@ -160,7 +163,7 @@ def read_pack_arrays(path: str | Path) -> PackArrays:
 def _preference_arrays(path: str, files: list[str], manifest, described: PreferenceFiles) -> PackArrays:
     """`PackArrays` of packed preference Parquet: a row is as long as it runs, its sequences are its THD
     sequences (aligned), and its attention work is that of its units' layout."""
-    width, sequences, supervised, squared, lengths = [], [], [], [], []
+    width, sequences, supervised, squared, lengths, units_per_pack = [], [], [], [], [], []
     packs = PreferencePacks(files)
     for group in range(packs.row_groups):
         rows = packs.group(group)
@@ -170,6 +173,7 @@ def _preference_arrays(path: str, files: list[str], manifest, described: Prefere
         cumulative = np.concatenate([[0], np.cumsum(rows.values["loss_mask"].astype(np.int64))])
         supervised.append(cumulative[offsets["loss_mask"][1:]] - cumulative[offsets["loss_mask"][:-1]])
         units = rows.units(0, len(rows))
+        units_per_pack.append(np.diff(offsets["sample_index"]))
         costs = unit_attention_costs(units, described.layout, described.multiple)
         per_row = np.concatenate([[0], np.cumsum(costs)])[offsets["sample_index"]]
         squared.append(np.diff(per_row).astype(np.float64))
@@ -189,6 +193,7 @@ def _preference_arrays(path: str, files: list[str], manifest, described: Prefere
         supervised=np.concatenate(supervised),
         squared=np.concatenate(squared),
         sequence_lengths=np.concatenate(lengths),
+        units=np.concatenate(units_per_pack),
     )
 
 
@@ -247,6 +252,10 @@ def summarize_pack_arrays(
         "packing_factor": float(sequences.sum() / len(runtime)),
         "pack_size": pack_size,
     }
+    if arrays.units is not None:  # preference packs: sequences are branches (pairs) or units
+        summary["units"] = int(arrays.units.sum())
+        summary["units_per_pack"] = float(arrays.units.mean())
+        summary["max_units_per_pack"] = int(arrays.units.max())
     if pack_size:
         summary["efficiency"] = float(runtime.sum() / (len(runtime) * pack_size))
         summary["over_pack_size"] = int((runtime > pack_size).sum())
