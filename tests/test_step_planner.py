@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tightpack.core import step_planner
 from tightpack.core.cost_model import CostModel
 from tightpack.core.step_planner import plan_step
 from tightpack.errors import TightpackError
@@ -56,15 +57,25 @@ def steps(draw):
     size = draw(st.integers(1, 600)) if budgeted else draw(st.integers(1, 6))
     model = draw(st.sampled_from(COST_MODELS))
     multiple = draw(st.sampled_from([1, 1, 8]))
-    return lengths, ranks, groups, budgeted, size, model, multiple
+    all_ranks_at_once = draw(
+        st.booleans()
+    )  # the micro-batches' two ways: all ranks in rounds, or rank by rank
+    return lengths, ranks, groups, budgeted, size, model, multiple, all_ranks_at_once
 
 
 @settings(max_examples=examples(150), deadline=None)
 @given(steps())
 def test_every_guarantee_holds_on_random_steps(step):
-    lengths, ranks, groups, budgeted, size, model, multiple = step
+    lengths, ranks, groups, budgeted, size, model, multiple, all_ranks_at_once = step
     budget = dict(max_tokens=size, allow_oversize=True) if budgeted else dict(micro_batches=size)
-    plan = plan_step(lengths, ranks, groups=groups, cost_model=model, pad_to_multiple_of=multiple, **budget)
+    saved = step_planner._ROUNDS_UP_TO
+    step_planner._ROUNDS_UP_TO = 10**9 if all_ranks_at_once else 0
+    try:
+        plan = plan_step(
+            lengths, ranks, groups=groups, cost_model=model, pad_to_multiple_of=multiple, **budget
+        )
+    finally:
+        step_planner._ROUNDS_UP_TO = saved
     aligned = -(-np.asarray(lengths) // multiple) * multiple
     assert sorted(plan.order.tolist()) == list(range(len(lengths)))  # every sequence exactly once
     assert len(plan.offsets) == ranks * plan.micro_batches + 1  # the same count on every rank

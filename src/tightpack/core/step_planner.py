@@ -144,6 +144,10 @@ def _check_size(value, name: str) -> int:
 _HEAP_RANKS = 16
 """Up to this many ranks the items are dealt one by one (a heap); above, in rounds."""
 
+_ROUNDS_UP_TO = 100
+"""Up to this many sequences per rank (on average), micro-batches are made for all ranks at once, a
+round per place in the ranks' lists; with more, rank by rank by the planner's first fit decreasing."""
+
 
 def _deal(costs: np.ndarray, ranks: int) -> np.ndarray:
     """The rank of every item: heaviest first, each to the least loaded rank (LPT; ties: lower rank).
@@ -205,8 +209,8 @@ def _micro_batches(
     With a ``count``, each rank's sequences are dealt to its ``count`` micro-batches by tokens as ranks
     are by cost (`_deal`). With ``max_tokens``, first fit decreasing: a sequence goes to the first of
     its rank's micro-batches with room, else to a new one; one over the budget gets a micro-batch of
-    its own. Few ranks hold many sequences each: the planner's first fit decreasing per rank. Many
-    ranks: all at once, one round per place in the ranks' longest-first lists.
+    its own. Ranks holding many sequences each: the planner's first fit decreasing per rank (a C loop);
+    few each: all ranks at once, one round per place in the ranks' longest-first lists.
     """
     order = _by_rank_longest_first(rank_of, tokens, ranks)
     starts = np.concatenate([[0], np.cumsum(np.bincount(rank_of, minlength=ranks))])
@@ -217,7 +221,7 @@ def _micro_batches(
             members = by_rank[starts[rank] : starts[rank + 1]]
             batch_of[members] = _deal(tokens[members].astype(np.float64), count)
         return batch_of, np.full(ranks, count, dtype=np.int64)
-    if ranks <= _HEAP_RANKS:
+    if len(tokens) > _ROUNDS_UP_TO * ranks:
         opened = np.zeros(ranks, dtype=np.int64)
         for rank in range(ranks):
             members = by_rank[starts[rank] : starts[rank + 1]]
