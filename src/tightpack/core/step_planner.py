@@ -185,6 +185,53 @@ def _deal(costs: np.ndarray, ranks: int) -> np.ndarray:
     return owner
 
 
+_REFINE_ROUNDS = 64
+"""Swaps tried between the most and the least loaded rank after the dealing (`_refine`)."""
+
+
+def _refine(costs: np.ndarray, owner: np.ndarray, ranks: int) -> None:
+    """Lower the most loaded rank by moving one of its items to the least loaded rank, or swapping it
+    for a lighter one of that rank: the move or swap that brings the two closest, while one brings the
+    pair below the old maximum (so no rank ever rises above it). ``owner`` is updated in place."""
+    loads = np.bincount(owner, weights=costs, minlength=ranks)
+    by_rank = np.argsort(_small(owner), kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ranks))])
+    moved_in: dict[int, list[int]] = {}
+
+    def members(rank: int) -> np.ndarray:  # the items dealt to it, less those moved away, plus those moved in
+        dealt = by_rank[starts[rank] : starts[rank + 1]]
+        return np.concatenate([dealt[owner[dealt] == rank], np.array(moved_in.get(rank, []), dtype=np.int64)])
+
+    for _ in range(_REFINE_ROUNDS):
+        high, low = int(loads.argmax()), int(loads.argmin())
+        gap = loads[high] - loads[low]
+        if gap <= 0:
+            return
+        mine, theirs = members(high), members(low)
+        order = np.argsort(costs[theirs], kind="stable")
+        given = np.concatenate([[0.0], costs[theirs][order]])  # 0: a move, nothing comes back
+        taken = costs[mine]
+        at = np.searchsorted(given, taken - gap / 2)
+        best_gain, best = 0.0, None
+        for candidate in (np.minimum(at, len(given) - 1), np.maximum(at - 1, 0)):
+            shift = taken - given[candidate]  # what the high rank loses and the low rank gains
+            gain = np.where((shift > 0) & (shift < gap), np.minimum(shift, gap - shift), 0.0)
+            pick = int(gain.argmax())
+            if gain[pick] > best_gain:
+                best_gain, best = float(gain[pick]), (pick, int(candidate[pick]))
+        if best is None or best_gain <= 1e-12 * loads[high]:
+            return
+        pick, back = best
+        owner[mine[pick]] = low
+        moved_in.setdefault(low, []).append(int(mine[pick]))
+        if back:
+            owner[theirs[order[back - 1]]] = high
+            moved_in.setdefault(high, []).append(int(theirs[order[back - 1]]))
+        shift = taken[pick] - given[back]
+        loads[high] -= shift
+        loads[low] += shift
+
+
 def _small(values: np.ndarray) -> np.ndarray:
     """Non-negative integers in the narrowest type numpy sorts stably by radix (16 bits) when they fit."""
     return values.astype(np.int16) if values.max(initial=0) < np.iinfo(np.int16).max else values
@@ -357,13 +404,16 @@ def plan_step(
     model = None if cost_model is None else CostModel.resolve(cost_model)
     costs = aligned.astype(np.float64) if model is None else model.sequence_costs(aligned)
     if groups is None:
-        rank_of = _deal(costs, ranks) if count else np.zeros(0, np.int64)
+        item_of, item_costs = np.arange(count), costs
     else:
-        _, group_of = np.unique(
+        _, item_of = np.unique(
             _integers(groups, "groups", count, least=np.iinfo(np.int64).min), return_inverse=True
         )
-        group_costs = np.bincount(group_of, weights=costs) if count else np.zeros(0)
-        rank_of = _deal(group_costs, ranks)[group_of] if count else np.zeros(0, np.int64)
+        item_costs = np.bincount(item_of, weights=costs) if count else np.zeros(0)
+    owner = _deal(item_costs, ranks) if count else np.zeros(0, np.int64)
+    if count:
+        _refine(item_costs, owner, ranks)
+    rank_of = owner[item_of]
     if seed:
         rank_of = np.random.default_rng(seed).permutation(ranks)[rank_of]
     if count:
