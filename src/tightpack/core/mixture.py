@@ -1,0 +1,231 @@
+"""Mixtures of sources: what a weight means, and how many of each source's samples a mixture takes.
+
+A mixture gives every source a weight; ``mix_by`` says what the weights count:
+
+- ``tokens``: runtime tokens (what the model reads);
+- ``supervised-tokens``: tokens with a loss (what the model learns from);
+- ``samples``: samples, as Megatron's ``BlendedDataset`` and Energon's blends count them.
+
+`resolve_mixture` turns the weights into per-source quotas of that measure and picks the samples
+that meet them: a source is repeated whole (at most ``max_repetitions`` times, the last repetition
+a subsample) or subsampled, deterministically by seed. Nothing is rescaled silently: targets a
+source cannot reach under the cap are an `InfeasibleMixtureError` naming the achievable mixture and
+the cap that would allow the asked one. The order of the chosen samples and their packs is
+`tightpack.core.mixture_plan`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+
+from tightpack.errors import TightpackError
+
+__all__ = [
+    "MIX_BY",
+    "InfeasibleMixtureError",
+    "MixBy",
+    "MixtureSelection",
+    "resolve_mixture",
+    "sample_measure",
+]
+
+MixBy = Literal["tokens", "supervised-tokens", "samples"]
+MIX_BY: tuple[str, ...] = get_args(MixBy)
+"""What a mixture weight counts: runtime tokens, supervised tokens, or samples."""
+
+
+class InfeasibleMixtureError(TightpackError):
+    """Mixture targets that a source cannot reach under the repetition cap."""
+
+
+def sample_measure(by: str, lengths: np.ndarray, supervised: np.ndarray) -> np.ndarray:
+    """What each sample counts for under ``by`` (`MIX_BY`): its runtime tokens, its supervised
+    tokens, or 1. ``lengths`` and ``supervised`` are ``[num_samples]`` integers.
+
+    >>> sample_measure("supervised-tokens", np.array([10, 4]), np.array([3, 1])).tolist()
+    [3, 1]
+    >>> sample_measure("samples", np.array([10, 4]), np.array([3, 1])).tolist()
+    [1, 1]
+    """
+    if by == "tokens":
+        return np.asarray(lengths, dtype=np.int64)
+    if by == "supervised-tokens":
+        return np.asarray(supervised, dtype=np.int64)
+    if by == "samples":
+        return np.ones(len(lengths), dtype=np.int64)
+    raise TightpackError(f"unknown mix_by {by!r}; choose one of {', '.join(MIX_BY)}", parameters=("mix_by",))
+
+
+def check_weights(weights: Sequence[float], names: Sequence[str]) -> np.ndarray:
+    """The weights as shares summing to 1; an error naming the source of a weight that is not a finite
+    positive number, or when their count is not the sources'."""
+    if len(weights) != len(names):
+        raise TightpackError(
+            f"{len(weights)} mixture weights for {len(names)} sources: give one weight per input",
+            parameters=("weights",),
+        )
+    for weight, name in zip(weights, names, strict=True):
+        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+            raise TightpackError(
+                f"mixture weight {weight!r} of {name} must be a positive number (leave the input out "
+                "instead of giving it weight 0)",
+                parameters=("weights",),
+            )
+    shares = np.asarray(weights, dtype=np.float64)
+    return shares / shares.sum()
+
+
+@dataclass(frozen=True)
+class MixtureSelection:
+    """The samples a mixture takes, and what it counts.
+
+    Attributes:
+        samples: int64 ``[num_entries]``: the chosen samples (indices into the caller's arrays), a
+            repeated sample once per repetition, grouped by source.
+        source: int64 ``[num_entries]``: the source of each entry.
+        targets: float64 ``[num_sources]``: the target shares (the weights normalised).
+        quotas: float64 ``[num_sources]``: the measure each source was asked for.
+        available: int64 ``[num_sources]``: the measure each source holds (every sample once).
+        chosen: int64 ``[num_sources]``: the measure of the chosen entries.
+        repetitions: float64 ``[num_sources]``: chosen over available (2.5: every sample twice, half
+            of them a third time; 0.3: a 30% subsample).
+    """
+
+    samples: np.ndarray
+    source: np.ndarray
+    targets: np.ndarray
+    quotas: np.ndarray
+    available: np.ndarray
+    chosen: np.ndarray
+    repetitions: np.ndarray
+
+    @property
+    def shares(self) -> np.ndarray:
+        """The achieved share of every source (of the chosen measure)."""
+        return self.chosen / max(int(self.chosen.sum()), 1)
+
+
+def resolve_mixture(
+    lengths: np.ndarray,
+    supervised: np.ndarray,
+    source: np.ndarray,
+    weights: Sequence[float],
+    *,
+    by: str = "tokens",
+    names: Sequence[str] | None = None,
+    max_repetitions: float = 1.0,
+    total_tokens: int | None = None,
+    seed: int = 0,
+) -> MixtureSelection:
+    """The samples a mixture takes: every source's share of the ``by`` measure is its weight's.
+
+    Args:
+        lengths, supervised: int ``[num_samples]``: runtime tokens and supervised tokens per sample.
+        source: int ``[num_samples]``: the source of each sample, ``0 .. len(weights) - 1``, or -1 for
+            a sample that is not packed (it is never chosen).
+        weights: one positive weight per source (normalised to shares).
+        by: what the weights count (`MIX_BY`).
+        names: the sources' names for messages (default ``source 0``, ...).
+        max_repetitions: R: a source is taken at most R times over (R >= 1 repeats, the fraction a
+            seeded subsample); a source larger than its share is subsampled.
+        total_tokens: the mixture's runtime tokens (about: to the nearest sample per source). None:
+            the largest mixture the cap allows (its tightest source taken R times).
+        seed: seeds the subsamples (one generator per source: a source's draw does not depend on the
+            others).
+
+    Every source's chosen measure is within half its largest sample of its quota.
+
+    Raises:
+        InfeasibleMixtureError: a source holds nothing of the measure, or ``total_tokens`` needs a
+            source more than R times over; the message gives the largest mixture R allows and the R
+            the asked one needs.
+
+    >>> lengths, supervised = np.array([10, 10, 10, 40]), np.array([5, 5, 5, 20])
+    >>> chosen = resolve_mixture(lengths, supervised, np.array([0, 0, 0, 1]), [1, 1], by="tokens")
+    >>> chosen.samples.tolist(), chosen.shares.tolist()
+    ([0, 1, 2, 3], [0.4285..., 0.5714...])
+    """
+    source = np.asarray(source, dtype=np.int64)
+    names = list(names) if names is not None else [f"source {s}" for s in range(len(weights))]
+    targets = check_weights(weights, names)
+    if max_repetitions < 1 or not math.isfinite(max_repetitions):
+        raise TightpackError(
+            f"max_repetitions must be a number >= 1, got {max_repetitions!r}", parameters=("max_repetitions",)
+        )
+    count = len(targets)
+    if len(source) and (source.max() >= count or source.min() < -1):
+        raise TightpackError(f"source ids must be -1 or 0..{count - 1}")  # a caller's bug, named
+    measure = sample_measure(by, lengths, supervised)
+    used = source >= 0
+    available = np.bincount(source[used], measure[used], minlength=count).astype(np.int64)
+    tokens = np.bincount(source[used], np.asarray(lengths)[used], minlength=count)
+    empty = np.flatnonzero(available == 0)
+    if len(empty):
+        raise InfeasibleMixtureError(
+            f"{names[empty[0]]} has no {_unit(by)} to mix (every sample of it was dropped, or it has "
+            "none): remove it from the mixture",
+            parameters=("weights",),
+        )
+    largest = float((max_repetitions * available / targets).min())  # total measure the cap allows
+    tokens_per_unit = tokens / available  # runtime tokens per unit of the measure, by source
+    largest_tokens = largest * float((targets * tokens_per_unit).sum())
+    if total_tokens is None:
+        total = largest
+    else:
+        total = total_tokens / float((targets * tokens_per_unit).sum())
+        if total > largest * (1 + 1e-9):
+            asked = (total, total_tokens)
+            raise InfeasibleMixtureError(
+                _infeasible(asked, targets, available, names, by, max_repetitions, largest_tokens)
+            )
+    quotas = targets * total
+    rng_seeds = np.random.SeedSequence(seed).spawn(count)
+    parts, chosen = [], np.zeros(count, np.int64)
+    for s in range(count):
+        members = np.flatnonzero(source == s)
+        ratio = quotas[s] / available[s]
+        whole = math.floor(ratio + 1e-9)  # the tightest source at the cap: exactly R copies
+        rest = quotas[s] - whole * available[s]
+        order = np.random.default_rng(rng_seeds[s]).permutation(members)
+        reached = np.cumsum(measure[order])
+        k = int(np.searchsorted(reached, rest))  # reached[k - 1] < rest <= reached[k]
+        below = reached[k - 1] if k else 0
+        if k < len(order) and reached[k] - rest < rest - below:  # the nearer of the two prefixes
+            k += 1
+        part = np.concatenate([np.tile(members, whole), order[:k]])
+        parts.append(part)
+        chosen[s] = int(measure[part].sum())
+    samples = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return MixtureSelection(
+        samples=samples.astype(np.int64, copy=False),
+        source=np.repeat(np.arange(count), [len(p) for p in parts]),
+        targets=targets,
+        quotas=quotas,
+        available=available,
+        chosen=chosen,
+        repetitions=chosen / available,
+    )
+
+
+def _unit(by: str) -> str:
+    return {"tokens": "tokens", "supervised-tokens": "supervised tokens", "samples": "samples"}[by]
+
+
+def _infeasible(asked, targets, available, names, by, cap, largest_tokens) -> str:
+    """The message of targets past the cap: the tightest source, the largest mixture the cap allows,
+    and the cap the asked mixture needs."""
+    total, total_tokens = asked
+    needed = targets * total / available
+    tight = int(np.argmax(needed))
+    return (
+        f"the mixture of {total_tokens:,} tokens needs {names[tight]} {needed[tight]:.2f} times over "
+        f"(its {int(available[tight]):,} {_unit(by)} for a {targets[tight]:.1%} share), past the "
+        f"repetition cap of {cap:g}: the largest mixture at the cap is about {int(largest_tokens):,} "
+        f"tokens (ask for at most that), or allow it with --max-repetitions "
+        f"{math.ceil(needed.max() * 100) / 100:g}"
+    )
