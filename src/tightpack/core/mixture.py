@@ -88,6 +88,8 @@ class MixtureSelection:
         samples: int64 ``[num_entries]``: the chosen samples (indices into the caller's arrays), a
             repeated sample once per repetition, grouped by source.
         source: int64 ``[num_entries]``: the source of each entry.
+        repetition: int64 ``[num_entries]``: which repetition of its sample each entry is (0: the
+            first); a source's entries are listed one repetition after the other.
         targets: float64 ``[num_sources]``: the target shares (the weights normalised).
         quotas: float64 ``[num_sources]``: the measure each source was asked for.
         available: int64 ``[num_sources]``: the measure each source holds (every sample once).
@@ -98,6 +100,7 @@ class MixtureSelection:
 
     samples: np.ndarray
     source: np.ndarray
+    repetition: np.ndarray
     targets: np.ndarray
     quotas: np.ndarray
     available: np.ndarray
@@ -138,12 +141,12 @@ def resolve_mixture(
         seed: seeds the subsamples (one generator per source: a source's draw does not depend on the
             others).
 
-    Every source's chosen measure is within half its largest sample of its quota.
+    Every source's chosen measure is within half its largest sample of its quota (and is not zero).
 
     Raises:
-        InfeasibleMixtureError: a source holds nothing of the measure, or ``total_tokens`` needs a
-            source more than R times over; the message gives the largest mixture R allows and the R
-            the asked one needs.
+        InfeasibleMixtureError: a source holds nothing of the measure, a quota rounds to no sample, or
+            ``total_tokens`` needs a source more than R times over; the message gives the largest
+            mixture R allows and the R the asked one needs.
 
     >>> lengths, supervised = np.array([10, 10, 10, 40]), np.array([5, 5, 5, 20])
     >>> chosen = resolve_mixture(lengths, supervised, np.array([0, 0, 0, 1]), [1, 1], by="tokens")
@@ -185,7 +188,7 @@ def resolve_mixture(
             )
     quotas = targets * total
     rng_seeds = np.random.SeedSequence(seed).spawn(count)
-    parts, chosen = [], np.zeros(count, np.int64)
+    parts, passes, chosen = [], [], np.zeros(count, np.int64)
     for s in range(count):
         members = np.flatnonzero(source == s)
         ratio = quotas[s] / available[s]
@@ -199,11 +202,20 @@ def resolve_mixture(
             k += 1
         part = np.concatenate([np.tile(members, whole), order[:k]])
         parts.append(part)
+        passes.append(np.repeat(np.arange(whole + 1), [len(members)] * whole + [k]))
         chosen[s] = int(measure[part].sum())
-    samples = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if (chosen == 0).any():
+        none = int(np.argmax(chosen == 0))
+        raise InfeasibleMixtureError(
+            f"the mixture takes nothing of {names[none]}: its quota of {quotas[none]:.1f} {_unit(by)} is "
+            "under half of its smallest sample; ask for a larger mixture (or a larger --max-repetitions)",
+            parameters=("weights",),
+        )
+    samples = np.concatenate(parts)
     return MixtureSelection(
         samples=samples.astype(np.int64, copy=False),
         source=np.repeat(np.arange(count), [len(p) for p in parts]),
+        repetition=np.concatenate(passes).astype(np.int64) if passes else np.zeros(0, np.int64),
         targets=targets,
         quotas=quotas,
         available=available,
