@@ -54,7 +54,7 @@ def test_rules_run_in_contract_order():
         "R1", "R2", "R3", "R4", "R5", "R6", "R7",
         *(f"R8.{i}" for i in range(1, 10)), "R9", *(f"R10.{i}" for i in range(1, 8)),
         "R11", "R13", "R15", "R16", "R17", "R18", "R19", "R20", "R21", "R22",
-        "X1", "X2", "X3", "X4", "X5", "X6", "T1", "T2", "T3", "T4", "T5", "T6", "T7",
+        "X1", "X2", "X3", "X4", "X5", "X6", "X7", "T1", "T2", "T3", "T4", "T5", "T6", "T7",
     ]  # fmt: skip
 
 
@@ -110,6 +110,8 @@ MINIMAL_CASES: dict[str, tuple[dict, dict]] = {
     "X5": (merge(OFFLINE, kwargs(max_num_samples=100)), merge(OFFLINE, data(max_train_samples=100))),
     "X6": (merge(OFFLINE, te_graph(["moe_router"], PAD_CU, num_moe_experts=8)),
            merge(OFFLINE, te_graph(["attn"], PAD_CU, num_moe_experts=8))),
+    "X7": (merge(OFFLINE, specs(packed_train_data_blend=[["packed/a", "packed/b"], [0.5]])),
+           merge(OFFLINE, specs(packed_train_data_blend=[["packed/a", "packed/b"], [0.5, 0.5]]))),
     "T1": (merge(OFFLINE_CP2, specs(packed_sequence_size=4094)), OFFLINE_CP2),
     "T2": (merge(OFFLINE_CP2, specs(pad_seq_to_mult=2)), OFFLINE_CP2),
     "T3": (merge(SFT, dist(seq(4100), eval_context_parallel_size=4)),

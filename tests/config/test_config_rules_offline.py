@@ -11,6 +11,7 @@ from tightpack.config.rules import offline
 
 from .helpers import (
     AS_GPT,
+    DELETE,
     MBS4,
     NO_FIXED_WIDTH,
     OFFLINE,
@@ -32,6 +33,7 @@ from .helpers import (
     train,
 )
 
+BLEND = [["packed/a", "packed/b"], [0.5, 0.5]]
 CASES = [
     case("R3", "error", PROVIDER, merge(MBS4, OFFLINE_4096, data(enable_in_batch_packing=True)), OFFLINE_4096,
          r"enable_offline_packing and enable_in_batch_packing are mutually exclusive"),
@@ -97,6 +99,23 @@ CASES = [
     ],
     case("X6", "error", OFFLINE, te_graph([], PAD_CU, num_moe_experts=8), te_graph([], PAD_CU),
          r"router-scoped", name="X6-dense-model-exempt"),
+    *[
+        case("X7", "error", OFFLINE, specs(packed_train_data_blend=bad), specs(packed_train_data_blend=BLEND),
+             match, name=f"X7-{name}")
+        for name, bad, match in [
+            ("pair", [["p/a", "p/b"]], r"must be a \(sources, weights\) pair; it has 1 lists"),
+            ("order", [[0.5, 0.5], ["p/a", "p/b"]], r"holds sources then weights"),
+            ("one-source", [["p/a"], [1.0]], r"at least two sources \(got 1\)"),
+            ("lengths", [["p/a", "p/b"], [0.5]], r"same length \(2 sources, 1 weights\)"),
+            ("weight", [["p/a", "p/b"], [0.5, 0]], r"weight 1 must be finite and greater than 0, got 0"),
+        ]
+    ],
+    case("X7", "error", OFFLINE, specs(packed_train_data_blend=BLEND, packed_train_data_path="p/a"),
+         specs(packed_train_data_blend=BLEND), r"either packed_train_data_path or packed_train_data_blend",
+         name="X7-path-and-blend"),
+    case("X7", "error", merge(OFFLINE, data(dataset_root=DELETE)), specs(packed_train_data_blend=BLEND),
+         merge(specs(packed_train_data_blend=BLEND), data(do_validation=False, do_test=False)),
+         r"standalone packed_train_data_blend requires do_validation=False", name="X7-standalone"),
     case("T7", "warning", OFFLINE, specs(packed_sequence_size=2048), {},
          r"packed_sequence_size \(2048\) differs from dataset.seq_length \(4096\)"),
 ]  # fmt: skip

@@ -178,6 +178,9 @@ class PackedSequenceSpecs(_Section):
         max_single_sequence_length: per-sequence cap while preparing (None: ``dataset.seq_length``).
         tokenizer_model_name, num_tokenizer_workers: preparation settings (not checked).
         packed_train_data_path, packed_val_data_path, packed_metadata_path: explicit artefacts.
+        packed_train_data_blend: ``[[source, ...], [weight, ...]]``: training packs blended at run time from
+            several packed Parquet sources, each weight a share of packs (Megatron-Bridge PR #5289; not
+            with ``packed_train_data_path``; rules X7 and D11).
         pad_cu_seqlens: static-shape boundary arrays (CUDA graphs; needs ``pad_to_max_length``).
         pad_seq_to_mult: per-sequence alignment multiple m (None: 1).
     """
@@ -187,6 +190,7 @@ class PackedSequenceSpecs(_Section):
     tokenizer_model_name: str | None = None
     num_tokenizer_workers: int = -1
     packed_train_data_path: str | None = None
+    packed_train_data_blend: list[list[str | float]] | None = None
     packed_val_data_path: str | None = None
     packed_metadata_path: str | None = None
     pad_cu_seqlens: bool = False

@@ -1,13 +1,15 @@
 """Rules of offline packing: GPT SFT or a custom provider reads packs prepared ahead of time
 (docs/contract.md §2).
 
-One packing owner and valid specs (R3, R4, R19, X4, X5); a fixed width and static boundary arrays for CUDA
-graphs (R5, R6, R7, X6, §2.11); one pack per micro-batch (R20, X3); the pack size against the sequence
-length (T7, §9). The CP/SP alignment of offline packs is in `parallel` (T1, T2).
+One packing owner and valid specs (R3, R4, R19, X4, X5, X7); a fixed width and static boundary arrays for
+CUDA graphs (R5, R6, R7, X6, §2.11); one pack per micro-batch (R20, X3); the pack size against the sequence
+length (T7, §9). The CP/SP alignment of offline packs is in `parallel` (T1, T2). What a blend's weights give
+of the folders it names reads the folders: rule D11 of `tightpack.stale_packs`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from tightpack.config.derive import (
@@ -280,6 +282,77 @@ def _moe_router_graph(config: RunConfig, derived: DerivedValues) -> Iterator[Iss
             f"(model.num_moe_experts={model.num_moe_experts}, {_graph_text(model)}).",
             "Set model.cuda_graph_scope to modules without the router (e.g. [attn] or [attn, mlp]), or "
             "model.cuda_graph_impl: none.",
+        )
+
+
+_BLEND = "dataset.offline_packing_specs.packed_train_data_blend"
+
+
+@rules.add(
+    "X7",
+    "error",
+    section="§2.1, §2.2",
+    summary=(
+        "(PackedSequenceSpecs, GPTSFTDatasetConfig; Megatron-Bridge PR #5289) `packed_train_data_blend` is "
+        "`[[sources], [weights]]`: two or more sources, one positive weight each, not with "
+        "`packed_train_data_path`; without `dataset_root` or `hf_dataset` no validation or test split"
+    ),
+)
+def _packed_blend_shape(config: RunConfig, derived: DerivedValues) -> Iterator[Issue]:
+    """``PackedSequenceSpecs._validate_packed_train_data_blend`` and the blend's source rule of
+    ``GPTSFTDatasetConfig.validate()`` (Megatron-Bridge PR #5289, branch ``pull-request/5289``)."""
+    dataset, specs = config.dataset, packing_specs(config.dataset)
+    blend = specs.packed_train_data_blend if specs is not None else None
+    if blend is None:
+        return
+    example = f"{_BLEND}: [[packed/a, packed/b], [0.5, 0.5]]"
+    if specs.packed_train_data_path is not None:
+        yield error(
+            "Set either packed_train_data_path or packed_train_data_blend, not both.",
+            "Remove dataset.offline_packing_specs.packed_train_data_path (add its folder to the blend's "
+            f"sources), or remove {_BLEND}.",
+        )
+    if len(blend) != 2:
+        yield error(
+            f"packed_train_data_blend must be a (sources, weights) pair; it has {len(blend)} lists.",
+            f"Write the sources, then their weights: {example}.",
+        )
+        return
+    sources, weights = blend
+    paths = [source for source in sources if isinstance(source, str)]
+    numbers = [weight for weight in weights if not isinstance(weight, str)]
+    if len(paths) != len(sources) or len(numbers) != len(weights):
+        yield error(
+            f"packed_train_data_blend holds sources then weights; got {sources!r} and {weights!r}.",
+            f"Write the packed folders' paths first, then one number each: {example}.",
+        )
+        return
+    if len(sources) < 2:
+        yield error(
+            f"packed_train_data_blend requires at least two sources (got {len(sources)}).",
+            "Name one folder with dataset.offline_packing_specs.packed_train_data_path instead, or add the "
+            "other sources.",
+        )
+    if len(sources) != len(weights):
+        yield error(
+            f"packed_train_data_blend sources and weights must have the same length ({len(sources)} sources, "
+            f"{len(weights)} weights).",
+            "Give one weight per source (tightpack blend FOLDER=SHARE ... prints them).",
+        )
+    for index, weight in enumerate(weights):
+        if not (math.isfinite(weight) and weight > 0):
+            source = sources[index] if index < len(sources) else "the source"
+            yield error(
+                f"packed_train_data_blend weight {index} must be finite and greater than 0, got {weight!r}.",
+                f"Give {source} a positive weight, or leave it out of the blend.",
+            )
+    standalone = isinstance(dataset, GPTSFTDatasetConfig) and not (dataset.dataset_root or dataset.hf_dataset)
+    if standalone and (dataset.do_validation or dataset.do_test):
+        yield error(
+            "A standalone packed_train_data_blend requires do_validation=False and do_test=False; set "
+            "dataset_root or hf_dataset when additional splits are needed.",
+            "Set dataset.do_validation: false and dataset.do_test: false, or dataset.dataset_root to the "
+            "folder the validation and test splits come from.",
         )
 
 

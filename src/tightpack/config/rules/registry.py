@@ -20,7 +20,7 @@ ORDER: tuple[str, ...] = (
     "R8.1", "R8.2", "R8.3", "R8.4", "R8.5", "R8.6", "R8.7", "R8.8", "R8.9",
     "R9", "R10.1", "R10.2", "R10.3", "R10.4", "R10.5", "R10.6", "R10.7",
     "R11", "R13", "R15", "R16", "R17", "R18", "R19", "R20", "R21", "R22",
-    "X1", "X2", "X3", "X4", "X5", "X6",
+    "X1", "X2", "X3", "X4", "X5", "X6", "X7",
     "T1", "T2", "T3", "T4", "T5", "T6", "T7",
 )  # fmt: skip
 """Every rule id, in the order `validate` runs the rules and reports their findings."""
