@@ -79,7 +79,7 @@ def test_a_total_past_the_cap_is_an_error_that_names_the_way_out():
         resolve_mixture(lengths, lengths, source, [1, 1], by="tokens", total_tokens=2000)
     message = str(raised.value)
     assert "source 1" in message and "10.00 times over" in message
-    assert "--max-repetitions 10" in message and "about 200 tokens" in message
+    assert "max_repetitions 10" in message and "about 200 tokens" in message
     chosen = resolve_mixture(
         lengths, lengths, source, [1, 1], by="tokens", total_tokens=2000, max_repetitions=10
     )

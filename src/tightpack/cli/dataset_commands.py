@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from tightpack.cli.app import app, stdout
+from tightpack.cli.blend_command import TOKENS, MixBy, parse_shares
 
 
 @app.command()
@@ -43,6 +44,7 @@ def inspect(
     """Summarize a packed dataset (ours or Megatron-Bridge's); --plot and --html draw it pack by pack."""
     from tightpack.core.cost_model import CostModel
     from tightpack.errors import TightpackError
+    from tightpack.reports.mixture import mixture_figure, mixture_rows, mixture_title
     from tightpack.reports.summary import read_pack_arrays, summarize_pack_arrays
 
     if plot is not None or html is not None:
@@ -74,7 +76,15 @@ def inspect(
     manifest = summary.get("manifest")
     if manifest:
         settings = manifest["settings"]
-        rows.append(("algorithm", str(settings.get("algorithm", "?"))))
+        mixed = "mixture" in manifest  # packed in the mixture's own order, whatever the algorithm
+        rows.append(
+            (
+                "algorithm",
+                "mixture (first fit over the interleaved sources)"
+                if mixed
+                else str(settings.get("algorithm", "?")),
+            )
+        )
         rows.append(("alignment multiple", str(settings.get("pad_seq_to_mult", "?"))))
         if "preference_layout" in settings:
             rows.append(
@@ -91,12 +101,16 @@ def inspect(
             )
         settings = manifest["settings"] if manifest else {}  # no manifest: the cap is unknown
         cap = settings.get("max_seq_length") or settings.get("packed_sequence_size")  # None means P
-        figure = plots.inspect_figure(arrays, pack_size=summary["pack_size"], cap=cap, cost_model=model)
+        figures = [plots.inspect_figure(arrays, pack_size=summary["pack_size"], cap=cap, cost_model=model)]
+        if manifest and "mixture" in manifest:
+            figures.append(mixture_figure(manifest["mixture"], summary["path"]))
         if plot is not None:
-            plots.save_png(figure, plot)
+            plots.save_png(figures[0], plot)
+            if len(figures) > 1:  # the mixture beside it: plot.png -> plot.mixture.png
+                plots.save_png(figures[1], Path(plot).with_suffix(".mixture.png"))
         if html is not None:
             title = f"tightpack inspect {summary['path']}"
-            plots.write_html_report(html, title, [["packed dataset", summary["path"]], *rows], [figure])
+            plots.write_html_report(html, title, [["packed dataset", summary["path"]], *rows], figures)
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -106,6 +120,14 @@ def inspect(
     for name, text in rows:
         table.add_row(name, text)
     stdout.print(table)
+    if manifest and "mixture" in manifest:
+        mixture = Table(title=mixture_title(manifest["mixture"]))
+        mixture.add_column("source", style="bold")
+        for source in manifest["mixture"]["sources"]:
+            mixture.add_column(source["name"], justify="right")
+        for row in mixture_rows(manifest["mixture"]):
+            mixture.add_row(*row)
+        stdout.print(mixture)
 
 
 @app.command()
@@ -171,6 +193,20 @@ def validate(
         bool,
         typer.Option("--config-only", help="Check the configuration alone, not the packed data it names."),
     ] = False,
+    mix_by: Annotated[
+        MixBy,
+        typer.Option(
+            help="What a packed_train_data_blend's weights are meant to count: tokens, supervised-tokens "
+            "or samples (rule D11 warns when the packs they draw give other shares than meant)."
+        ),
+    ] = TOKENS,
+    blend_targets: Annotated[
+        str | None,
+        typer.Option(
+            help="The shares of --mix-by that packed_train_data_blend is meant to give, comma-separated in "
+            "the order of its sources, e.g. 0.5,0.5 (default: its weights, as written)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Check a training configuration against every packing rule, and the packed data it points at.
@@ -179,7 +215,14 @@ def validate(
     """
     from tightpack.stale_packs import format_report, validate_with_packed_data
 
-    report, checked = validate_with_packed_data(config, packed=packed, deep=deep, config_only=config_only)
+    report, checked = validate_with_packed_data(
+        config,
+        packed=packed,
+        deep=deep,
+        config_only=config_only,
+        mix_by=mix_by.value,
+        blend_targets=parse_shares(blend_targets, "--blend-targets"),
+    )
     if as_json:
         print(json.dumps({**report.to_dict(), "packed_data": checked.to_dict()}, indent=2))
     else:

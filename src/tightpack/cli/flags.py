@@ -55,6 +55,13 @@ FLAGS = {
     "an output": "an --output",
     "device='cpu'": "--device cpu",
     "pack_widths": "--pack-widths",
+    "weights": "--weights",
+    "mix_by": "--mix-by",
+    "max_repetitions": "--max-repetitions",
+    "total_tokens": "--mix-tokens",
+    "total_packs": "--mix-packs",
+    "window_packs": "--mix-window",
+    "tolerance": "--mix-tolerance",
 }
 """Python spelling -> the flag of ``tightpack pack`` (and ``plan``, ``calibrate``) that sets it."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tightpack.cli import mixture_options as mixing
 from tightpack.cli import options
 from tightpack.cli.app import (
     DEMO_OUTPUT,
@@ -123,6 +125,13 @@ def pack(
             "block-diagonal)."
         ),
     ] = PreferenceLayout.pairs,
+    weights: mixing.Weights = None,
+    mix_by: mixing.MixByOption = mixing.MixBy.tokens,
+    max_repetitions: mixing.MaxRepetitions = 1.0,
+    mix_tokens: mixing.MixTokens = None,
+    mix_packs: mixing.MixPacks = None,
+    mix_window: mixing.MixWindow = 64,
+    mix_tolerance: mixing.MixTolerance = None,
     seed: options.Seed = 0,
     reuse: options.Reuse = True,
     skip_bad_lines: options.SkipBadLines = False,
@@ -177,6 +186,9 @@ def pack(
         skip_bad_lines=skip_bad_lines,
         output_format=output_format.value,
         preference_layout=preference_layout.value,
+        mixture=mixing.mixture_config(
+            weights, mix_by, max_repetitions, mix_tokens, mix_packs, mix_window, mix_tolerance
+        ),
         format=options.format_config(
             format=format,
             input_key=input_key,
@@ -209,6 +221,8 @@ def pack(
     except KeyboardInterrupt:  # click would turn it into a silent exit 130
         raise Interrupted(output) from None
     _print_summary(result, config)
+    if result.mixture is not None:
+        stdout.print("\n".join(mixing.mixture_lines(result.mixture)), markup=False, highlight=False)
     if result.cost_balance:
         before, after = result.cost_balance["before"], result.cost_balance["after"]
         stdout.print(
@@ -219,7 +233,7 @@ def pack(
             highlight=False,
             soft_wrap=True,
         )
-    stdout.print(_next_steps(result, config), markup=False, highlight=False, soft_wrap=True)
+    stdout.print(_next_steps(result, config, split), markup=False, highlight=False, soft_wrap=True)
     for warning in result.warnings:
         stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
@@ -237,8 +251,9 @@ _TRUNCATION_LABELS = {
 }
 
 
-def _next_steps(result, config) -> str:
-    """Where the output is and what to run next, for a person at a terminal."""
+def _next_steps(result, config, split: str | None = None) -> str:
+    """Where the output is and what to run next, for a person at a terminal; the Megatron-Bridge key
+    that reads the packs follows ``split`` (a validation split: ``packed_val_data_path``)."""
     folder = result.output
     if result.unit_kind is not None:
         return "\n".join(
@@ -251,17 +266,51 @@ def _next_steps(result, config) -> str:
                 "refuses these files on purpose",
             ]
         )
+    role = split_role(split)
+    if role == "train":
+        paths = f"packed_train_data_path={folder}, packed_metadata_path={folder / pipeline.METADATA_NAME}"
+    elif role == "val":
+        paths = f"packed_val_data_path={folder}"
+    else:  # a test split or a name that says neither: the reader's choice
+        paths = f"packed_train_data_path or packed_val_data_path={folder}"
+    notes = []
+    if role == "test":
+        notes.append("Megatron-Bridge packs no test split (it builds test unpacked)")
+    if role != "train" and config.pad_cu_seqlens:
+        notes.append(
+            "packed_metadata_path: one file whose list covers every split read (concatenate the folders' "
+            f"{pipeline.METADATA_NAME} lists)"
+        )
     lines = [
         f"output: {folder}",
         f"next:   tightpack verify {folder}" + (f" --cp {config.cp}" if config.cp > 1 else ""),
         f"        tightpack inspect {folder}",
         "Megatron-Bridge: dataset.enable_offline_packing=true, dataset.offline_packing_specs: "
-        f"packed_train_data_path={folder}, packed_metadata_path={folder / pipeline.METADATA_NAME}, "
-        f"packed_sequence_size={config.packed_sequence_size}"
+        f"{paths}, packed_sequence_size={config.packed_sequence_size}"
         + (f", pad_seq_to_mult={config.multiple}" if config.multiple > 1 else "")
-        + (", pad_cu_seqlens=true" if config.pad_cu_seqlens else ""),
+        + (", pad_cu_seqlens=true" if config.pad_cu_seqlens else "")
+        + "".join(f"; {note}" for note in notes),
     ]
     return "\n".join(lines)
+
+
+_VAL_WORDS = frozenset({"validation", "valid", "val", "dev", "eval", "evaluation"})
+
+
+def split_role(split: str | None) -> str:
+    """What a ``--split`` name is to Megatron-Bridge: ``train`` (also no split), ``val``, ``test``, or
+    ``other`` (a name that says neither). Words of the name count: ``validation_matched`` -> ``val``,
+    ``test_sft`` -> ``test``, ``train_prefs`` -> ``train``."""
+    if split is None:
+        return "train"
+    words = [word for word in re.split(r"[^a-z0-9]+", split.lower()) if word]
+    if any(word in _VAL_WORDS for word in words):
+        return "val"
+    if any(word.startswith("test") for word in words):
+        return "test"
+    if any(word.startswith("train") for word in words):
+        return "train"
+    return "other"
 
 
 def _plan_rows(result, what: str) -> list[tuple[str, str]]:

@@ -184,7 +184,8 @@ def resolve_mixture(
         if total > largest * (1 + 1e-9):
             asked = (total, total_tokens)
             raise InfeasibleMixtureError(
-                _infeasible(asked, targets, available, names, by, max_repetitions, largest_tokens)
+                _infeasible(asked, targets, available, names, by, max_repetitions, largest_tokens),
+                parameters=("max_repetitions", "total_tokens"),
             )
     quotas = targets * total
     rng_seeds = np.random.SeedSequence(seed).spawn(count)
@@ -208,8 +209,8 @@ def resolve_mixture(
         none = int(np.argmax(chosen == 0))
         raise InfeasibleMixtureError(
             f"the mixture takes nothing of {names[none]}: its quota of {quotas[none]:.1f} {_unit(by)} is "
-            "under half of its smallest sample; ask for a larger mixture (or a larger --max-repetitions)",
-            parameters=("weights",),
+            "under half of its smallest sample; ask for a larger mixture (or a larger max_repetitions)",
+            parameters=("max_repetitions",),
         )
     samples = np.concatenate(parts)
     return MixtureSelection(
@@ -238,6 +239,6 @@ def _infeasible(asked, targets, available, names, by, cap, largest_tokens) -> st
         f"the mixture of {total_tokens:,} tokens needs {names[tight]} {needed[tight]:.2f} times over "
         f"(its {int(available[tight]):,} {_unit(by)} for a {targets[tight]:.1%} share), past the "
         f"repetition cap of {cap:g}: the largest mixture at the cap is about {int(largest_tokens):,} "
-        f"tokens (ask for at most that), or allow it with --max-repetitions "
+        f"tokens (ask for at most that in total_tokens), or allow it with max_repetitions "
         f"{math.ceil(needed.max() * 100) / 100:g}"
     )

@@ -36,8 +36,19 @@ class LongSamplesError(TightpackError):
         return type(self), (self.fact,)
 
 
-def account_samples(store: TokenStore | PartedStore, config: PackConfig, report, staging: Path):
+def account_samples(
+    store: TokenStore | PartedStore,
+    config: PackConfig,
+    report,
+    staging: Path,
+    *,
+    measures: dict[str, np.ndarray] | None = None,
+):
     """Apply the long-sample policy and the no-supervision rule; count everything.
+
+    ``measures`` (a mixture needs them) receives ``tokens`` and ``supervised``: int64
+    ``[num_samples]``, each sample's runtime and supervised tokens as packed (after truncation);
+    without it they are not kept (the driver's memory).
 
     ``store`` is the local engine's token store, whose long samples are cut here, or the parts the
     Ray engine's workers wrote, with the cuts they made (``report.cut``): of those only per-sample
@@ -84,6 +95,8 @@ def account_samples(store: TokenStore | PartedStore, config: PackConfig, report,
     keep &= ~no_supervised
     tokens_packed = int(np.sum(real, where=keep))
     supervised_packed = int(np.sum(supervised, where=keep))
+    if measures is not None:
+        measures.update(tokens=real.astype(np.int64), supervised=supervised.astype(np.int64, copy=False))
     del supervised
     aligned = aligned_lengths(real, config.multiple, cap, out=real)  # in place: real is spent
     del real

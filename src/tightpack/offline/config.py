@@ -10,6 +10,7 @@ from tightpack.core.cost_model import CostModel
 from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE
 from tightpack.core.preference_units import LAYOUTS, Layout
 from tightpack.errors import TightpackError, check_choice
+from tightpack.offline.mixture import MixtureConfig
 from tightpack.prepare.format_config import PREFERENCE_FORMATS
 from tightpack.prepare.formats import FormatConfig
 
@@ -58,6 +59,8 @@ class PackConfig:
         preference_layout: with a preference format (``preference``, ``kto``, ``groups``): ``pairs``
             (every branch a sequence of its own, prompt included) or ``shared-prefix`` (the prompt once
             per unit, its branches after it; `tightpack.core.preference_layout`).
+        mixture: weighted inputs (`tightpack.offline.mixture.MixtureConfig`: one weight per input, what
+            the weights count, the repetition cap); None packs the inputs as they are.
     """
 
     packed_sequence_size: int
@@ -81,6 +84,7 @@ class PackConfig:
     output_format: OutputFormat = "parquet"
     format: FormatConfig = field(default_factory=FormatConfig)
     preference_layout: Layout = "pairs"
+    mixture: MixtureConfig | None = None
 
     @property
     def packs_units(self) -> bool:
@@ -175,6 +179,33 @@ class PackConfig:
             )
         if self.packs_units:
             self._check_units()
+        if self.mixture is not None:
+            self._check_mixture()
+
+    def _check_mixture(self) -> None:
+        """What a mixture run cannot take, each refused with why."""
+        self.mixture.validate()
+        refused = {
+            "engine='ray'": (
+                self.engine != "local",
+                "the mixture needs each sample's input, which the local engine keeps",
+            ),
+            "balance_costs": (
+                self.balance_costs is not None,
+                "moving sequences between packs would undo the windows",
+            ),
+            "algorithm": (
+                self.algorithm != "bfd",
+                "the mixture packs in its own order (first fit over the interleaved stream)",
+            ),
+            "format": (self.packs_units, "mixtures of preference units are not supported yet"),
+        }
+        for name, (given, why) in refused.items():
+            if given:
+                raise TightpackError(
+                    f"a mixture (weights) cannot take {name}: {why}; drop {name} or the weights",
+                    parameters=(name, "weights"),
+                )
 
     def _check_units(self) -> None:
         """What a run of preference units cannot take: each refused with why, not silently ignored."""
@@ -218,6 +249,8 @@ class PackConfig:
         values.pop("reuse_store")
         if not self.packs_units:  # SFT manifests stay as they were before preference packing
             values.pop("preference_layout")
+        if self.mixture is None:  # nor do manifests of runs without a mixture
+            values.pop("mixture")
         values.update(
             pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size
         )

@@ -97,6 +97,25 @@ def _vision(value: Any) -> list[str]:
     return words
 
 
+def _mixture(value: Any) -> list[str]:
+    """``--weights`` and the mixture options whose recorded values differ from the defaults."""
+    words = ["--weights", shlex.quote(",".join(f"{weight:g}" for weight in value["weights"]))]
+    for key, flag, default in (
+        ("mix_by", "--mix-by", "tokens"),
+        ("max_repetitions", "--max-repetitions", 1.0),
+        ("total_tokens", "--mix-tokens", None),
+        ("total_packs", "--mix-packs", None),
+        ("window_packs", "--mix-window", 64),
+        ("tolerance", "--mix-tolerance", None),
+    ):
+        if value.get(key, default) != default:
+            words += [
+                flag,
+                shlex.quote(f"{value[key]:g}" if isinstance(value[key], float) else str(value[key])),
+            ]
+    return words
+
+
 SETTING_FLAGS: dict[str, SettingFlag] = {
     "packed_sequence_size": SettingFlag("--pack-size", derived=TOPOLOGY),
     "max_seq_length": SettingFlag("--max-seq-length", derived="the re-pack's pack size (see repack)"),
@@ -126,6 +145,7 @@ SETTING_FLAGS: dict[str, SettingFlag] = {
     "format.vision": SettingFlag("--vision-processor", render=_vision),
     "format.template_vars": SettingFlag("--template-var", render=_template_vars),
     "preference_layout": SettingFlag("--preference-layout"),
+    "mixture": SettingFlag("--weights", render=_mixture),
 }
 """Every setting of `PackConfig.settings` by dotted path (``format.loss_on``), and its flag."""
 

@@ -42,6 +42,7 @@ from tightpack.errors import TightpackError
 from tightpack.offline.accounting import account_samples, nothing_left, truncation_loss_note
 from tightpack.offline.config import PackConfig
 from tightpack.offline.engines import ENGINES, Engine, start_engine
+from tightpack.offline.mixture import count_mixture, plan_mixture_run, sample_sources
 from tightpack.offline.output import build_manifest, write_packs
 from tightpack.offline.output_folder import (
     MANIFEST_NAME,
@@ -152,9 +153,13 @@ def _pack(
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(tokenizer)
         if config.format.vision is not None:
             VisionTokenIds(config.format.vision, spec.backend)  # raises when the tokenizer lacks them
-        sources = open_sources(inputs, split=split)
+        owners: list[int] = []
+        sources = open_sources(inputs, split=split, owners=owners)
         config = _run_config(config, sources)
         config.validate()  # again: ``auto`` may have become a preference format
+        inputs_named = _input_names(inputs, sources, owners)
+        if config.mixture is not None:
+            config.mixture.validate(len(inputs_named))
         if not config.packs_units and config.preference_layout != "pairs":
             raise TightpackError(
                 f"preference_layout {config.preference_layout!r} lays out preference units, but the first "
@@ -170,7 +175,8 @@ def _pack(
             result = pack_units_into(staging, sources, spec, config, progress, times, notes)
         else:
             with start_engine(config) as engine:
-                result = _pack_into(staging, sources, spec, config, progress, engine, times, notes)
+                mixed = None if config.mixture is None else (inputs_named, owners)
+                result = _pack_into(staging, sources, spec, config, progress, engine, times, notes, mixed)
         publish(staging, target, overwrite=overwrite)
     finally:
         if staging.exists():
@@ -179,17 +185,29 @@ def _pack(
 
 
 def _pack_into(
-    staging: Path, sources, spec: TokenizerSpec, config: PackConfig, progress, engine: Engine, times, notes
+    staging: Path,
+    sources,
+    spec: TokenizerSpec,
+    config: PackConfig,
+    progress,
+    engine: Engine,
+    times,
+    notes,
+    mixed: tuple[list[str], list[int]] | None = None,
 ) -> PackResult:
     """Tokenize, account, plan and write into ``staging`` (published by the caller); the tokenizing
-    and the shards by ``engine`` (`tightpack.offline.engines`)."""
+    and the shards by ``engine`` (`tightpack.offline.engines`). ``mixed``: a mixture's input names
+    and the input of each source."""
     estimates = [source.estimated_rows for source in sources]
     with stage("tokenize", None if None in estimates else sum(estimates), progress, times):
         report = engine.tokenize(sources, spec, config, staging, on_rows=progress.advance, warnings=notes)
     store = report.store
 
     with stage("plan", 1, progress, times):
-        counts, keep, aligned, excluded, overlay = account_samples(store, config, report, staging)
+        measures: dict[str, np.ndarray] | None = None if mixed is None else {}
+        counts, keep, aligned, excluded, overlay = account_samples(
+            store, config, report, staging, measures=measures
+        )
         if counts["samples_in"] == 0:
             names = ", ".join(source.name for source in sources)
             raise TightpackError(f"no sample to pack: {names} held no rows (empty, or blank lines only)")
@@ -199,7 +217,18 @@ def _pack_into(
             raise TightpackError(nothing_left(counts, note))
         if note:
             notes.append(note)
-        plan, cost_balance = plan_kept(aligned, keep, config)
+        mixture = None
+        if mixed is None:
+            plan, cost_balance = plan_kept(aligned, keep, config)
+        else:
+            names, owners = mixed
+            sample_input = sample_sources(store.source_index, report.source_starts, owners)
+            run = plan_mixture_run(
+                config.mixture, names, sample_input, keep, measures["tokens"], measures["supervised"],
+                aligned, config.packed_sequence_size, config.seed,
+            )  # fmt: skip
+            plan, cost_balance, mixture = run.plan, None, run.report
+            count_mixture(counts, excluded, store, report, owners, run, keep, measures, aligned)
         del keep  # the plan holds the kept samples now (the driver's memory per sample)
         stats = pack_stats(plan, aligned, config.packed_sequence_size)
         progress.advance(1)
@@ -211,12 +240,15 @@ def _pack_into(
         metadata = [stats.megatron_metadata()]
         (staging / METADATA_NAME).write_text(json.dumps(metadata, indent=2) + "\n")
         manifest = build_manifest(config, spec, sources, counts, stats, files, excluded, report.bad_rows)
+        if mixture is not None:
+            manifest["mixture"] = mixture
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
     for work in sorted(staging.glob("_*")):  # the work folders of the engine and of the accounting
         shutil.rmtree(work, ignore_errors=True)
     return PackResult(
-        staging, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance
-    )
+        staging, counts, stats, times, files, report.bad_rows, report.reused, notes, cost_balance,
+        mixture=mixture,
+    )  # fmt: skip
 
 
 _MAP_SAMPLES = 1 << 20
@@ -268,6 +300,19 @@ def _run_config(config: PackConfig, sources) -> PackConfig:
     if resolved is None or resolved is config.format:
         return config
     return dataclasses.replace(config, format=resolved)
+
+
+def _input_names(inputs, sources, owners: list[int]) -> list[str]:
+    """Each input's name for messages and the manifest: a path or pattern as given, else the name of
+    its first source (a dataset)."""
+    given = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    names = {}
+    for source, owner in zip(sources, owners, strict=True):
+        names.setdefault(owner, source.name)
+    return [
+        str(given[owner]) if owner < len(given) and isinstance(given[owner], (str, Path)) else name
+        for owner, name in sorted(names.items())
+    ]
 
 
 def _input_paths(inputs) -> list[Path]:

@@ -55,6 +55,8 @@ class PackResult:
     """With ``balance_costs``: the pack cost spread (`cost_spread`) and pack count of the planner's plan
     (``before``) and of the balanced one (``after``)."""
     unit_kind: str | None = None
+    mixture: dict[str, Any] | None = None
+    """With a mixture: the manifest's ``mixture`` section (per-source statistics, the worst window)."""
 
 
 @contextmanager

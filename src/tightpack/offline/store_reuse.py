@@ -10,6 +10,7 @@ row the same (`same_samples`): ``auto`` and ``chat`` on rows that all have messa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -32,7 +33,7 @@ _TEXT_FORMATS = ("auto", "chat", "prompt-completion")
 
 def tokenize_reusing_store(
     sources,
-    chunks: Callable[[], Iterator[Chunk]],
+    chunks: Callable[[list[int]], Iterator[Chunk]],
     spec: TokenizerSpec,
     config: PackConfig,
     staging: Path,
@@ -41,7 +42,8 @@ def tokenize_reusing_store(
     budget: int,
 ) -> TokenizeReport:
     """The token store of ``sources``: the cache's when it holds one that serves this run, else
-    ``chunks()`` tokenized (into the cache with ``config.reuse_store``, else into ``staging``).
+    ``chunks(starts)`` tokenized (into the cache with ``config.reuse_store``, else into ``staging``);
+    ``chunks`` appends the first row of each source to ``starts`` (the report's ``source_starts``).
 
     ``budget`` is the text budget (`text_budget`); a cached store whose texts are not what this
     budget makes (`same_texts`) is made again. An unwritable cache turns reuse off for the run (a
@@ -63,18 +65,29 @@ def tokenize_reusing_store(
         store = TokenStore.open(folder)
         longest = int(store.lengths.max(initial=0))
         same = same_samples(info.get("format"), config.format.format, info.get("kinds", ()))
-        if same and same_texts(info["text_budget"], info["texts_cut"], longest, budget, config.cap):
+        starts = info.get("source_starts")  # None: cached before stores kept it (tokenized anew)
+        if (
+            same
+            and starts is not None
+            and same_texts(info["text_budget"], info["texts_cut"], longest, budget, config.cap)
+        ):
             shutil.rmtree(store_dir, ignore_errors=True)
             on_rows(info["rows_read"])
             bad_rows = [BadRow(**row) for row in info["bad_rows"]]
             return TokenizeReport(
-                store, info["rows_read"], bad_rows, reused=True, texts_cut=info["texts_cut"]
+                store,
+                info["rows_read"],
+                bad_rows,
+                reused=True,
+                texts_cut=info["texts_cut"],
+                source_starts=tuple(starts),
             )
         del store
         shutil.rmtree(folder, ignore_errors=True)  # other samples, or cut texts too short for this cap
+    starts: list[int] = []
     try:
         report = tokenize_to_store(
-            chunks(),
+            chunks(starts),
             spec,
             config.format,
             store_dir,
@@ -86,9 +99,11 @@ def tokenize_reusing_store(
     except BaseException:
         shutil.rmtree(store_dir, ignore_errors=True)
         raise
+    report = dataclasses.replace(report, source_starts=tuple(starts))
     if key is None:
         return report
     info = {
+        "source_starts": starts,
         "rows_read": report.rows_read,
         "bad_rows": [asdict(row) for row in report.bad_rows],
         "texts_cut": report.texts_cut,
@@ -97,9 +112,7 @@ def tokenize_reusing_store(
         "kinds": sorted(report.kinds),
     }
     folder = cache.commit(store_dir, key, info)
-    return TokenizeReport(
-        TokenStore.open(folder), report.rows_read, report.bad_rows, texts_cut=report.texts_cut
-    )
+    return dataclasses.replace(report, store=TokenStore.open(folder))
 
 
 def store_key(sources, spec: TokenizerSpec, config: PackConfig) -> str | None:

@@ -108,7 +108,9 @@ def chitchat_messages(conversation: dict) -> dict:
     }
 
 
-def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None = None) -> list[Source]:
+def open_sources(
+    inputs: Iterable[Any] | str | Path | None, *, split: str | None = None, owners: list[int] | None = None
+) -> list[Source]:
     """Sources for paths (JSONL/JSON lines, Parquet), Hugging Face datasets or an iterable of row dicts.
 
     Args:
@@ -134,10 +136,21 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
 
     A generator yielding nothing is a source with no rows, which
     `tightpack.offline.pipeline.pack_dataset` reports as such.
+
+    ``owners`` (when given) receives, for each source returned, the position of the input it came
+    from in ``inputs`` (a glob pattern gives one source per file; rows are one input).
     """
+    sources, positions = _open_sources(inputs, split)
+    if owners is not None:
+        owners.extend(positions)
+    return sources
+
+
+def _open_sources(inputs, split) -> tuple[list[Source], list[int]]:
+    """`open_sources`' sources and, for each, the position of its input."""
     if inputs is None:
         _check_split_used(split, used=False)
-        return [default_corpus()]
+        return [default_corpus()], [0]
     if isinstance(inputs, (str, Path)) or datasets_kind(inputs) is not None:
         inputs = [inputs]
     elif isinstance(inputs, dict):
@@ -156,20 +169,21 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
                 "no input given: pass paths, a dataset or rows (None means the embedded default corpus)"
             )
         _check_split_used(split, used=False)
-        return [rows_source(lambda: (), "rows", {"rows": "python"}, 0)]
+        return [rows_source(lambda: (), "rows", {"rows": "python"}, 0)], [0]
     if isinstance(first, dict) and datasets_kind(first) is None:
         _check_split_used(split, used=False)
         if stream:  # the first row was taken to see what the input is: it leads the rest
             rows = itertools.chain([first], items)
-            return [rows_source(lambda: rows, "rows", {"rows": "python"}, None, once=True, first=first)]
+            return [rows_source(lambda: rows, "rows", {"rows": "python"}, None, once=True, first=first)], [0]
         count = len(inputs) if hasattr(inputs, "__len__") else None
-        return [rows_source(lambda: inputs, "rows", {"rows": "python"}, count)]
+        return [rows_source(lambda: inputs, "rows", {"rows": "python"}, count)], [0]
 
-    sources = []
+    sources, positions = [], []
     used_split = False
     given: dict[Any, str] = {}  # each input file (resolved) or dataset (fingerprint) -> its argument
-    for argument in itertools.chain([first], items):
+    for position, argument in enumerate(itertools.chain([first], items)):
         item = saved_dataset(argument)
+        opened = len(sources)
         kind = datasets_kind(item)
         if kind is not None:
             if kind == "dict":
@@ -194,8 +208,9 @@ def open_sources(inputs: Iterable[Any] | str | Path | None, *, split: str | None
             raise TightpackError(
                 f"unsupported input {type(item).__name__}: give paths, a datasets.Dataset or rows"
             )
+        positions += [position] * (len(sources) - opened)
     _check_split_used(split, used=used_split)
-    return sources
+    return sources, positions
 
 
 _END = object()

@@ -80,6 +80,7 @@ class TokenizeReport:
     texts_cut: int = 0  # samples whose text lost its middle to the text budget (`Encoder.text_budget`)
     cut: LongSampleCut | None = None  # long samples already cut where they were tokenized (Ray)
     kinds: frozenset[str] = frozenset()  # what ``auto`` reads the object rows as (`row_kind`)
+    source_starts: tuple[int, ...] | None = None  # the first row of each source (local engine)
 
 
 @dataclass(frozen=True)

@@ -269,4 +269,6 @@ def summarize_pack_arrays(
         }
     if manifest is not None:
         summary["manifest"] = {k: manifest[k] for k in ("settings", "tokenizer", "counts", "sources")}
+        if "mixture" in manifest:  # a mixture's statistics per source and its windows
+            summary["manifest"]["mixture"] = manifest["mixture"]
     return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +88,20 @@ def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) 
     indices = np.concatenate(totals.sample_index)
     rows = np.concatenate(totals.sample_rows)
     order = np.argsort(indices, kind="stable")
-    repeated = np.flatnonzero(np.diff(indices[order]) == 0) + 1
+    # a mixture repeats a sample up to its cap (`tightpack.offline.mixture`); anything else packs it once
+    mixture = (manifest or {}).get("mixture")
+    copies = math.ceil(mixture["max_repetitions"]) if mixture else 1
+    repeated = np.flatnonzero(indices[order][copies:] == indices[order][:-copies]) + copies
     for at in repeated:
-        first, again = rows[order[at - 1]], rows[order[at]]
+        first, again = rows[order[at - copies]], rows[order[at]]
+        times = (
+            "twice"
+            if copies == 1
+            else f"{copies + 1} times or more (the mixture repeats it {copies} at most)"
+        )
         report.add(
             "coverage",
-            f"source sample {indices[order[at]]} is packed twice (rows {first} and {again})",
+            f"source sample {indices[order[at]]} is packed {times} (rows {first} and {again})",
             row=int(again),
         )
     if manifest is None:
@@ -101,7 +110,7 @@ def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) 
     if "samples_in" not in counts:
         return
     accounted = np.zeros(counts["samples_in"], dtype=bool)
-    for reason in ("dropped_long", "no_supervised"):
+    for reason in ("dropped_long", "no_supervised", "mixture_left_out"):
         accounted[np.asarray(excluded.get(reason, []), dtype=np.int64)] = True
     accounted[np.asarray([bad["sample_index"] for bad in manifest.get("bad_rows", [])], dtype=np.int64)] = (
         True

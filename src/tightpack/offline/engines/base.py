@@ -87,10 +87,13 @@ StartEngine = Callable[[PackConfig], AbstractContextManager[Engine]]
 """An engine module's ``start``: the `Engine` of one run, set up for ``config`` and torn down after."""
 
 
-def read_chunks(sources: Sequence[Source]) -> Iterator[Chunk]:
-    """The rows of ``sources`` in chunks of `CHUNK_ROWS`, samples numbered from 0 across the sources."""
+def read_chunks(sources: Sequence[Source], starts: list[int] | None = None) -> Iterator[Chunk]:
+    """The rows of ``sources`` in chunks of `CHUNK_ROWS`, samples numbered from 0 across the sources;
+    ``starts`` (when given) receives the first row number of each source as it is reached."""
     first = 0
     for source in sources:
+        if starts is not None:
+            starts.append(first)
         for chunk in source.read(first, CHUNK_ROWS):
             first = chunk.first_sample + len(chunk)
             yield chunk

@@ -41,7 +41,7 @@ class LocalEngine:
         (`tightpack.offline.store_reuse`), into ``staging`` when it is not kept in the cache."""
         return tokenize_reusing_store(
             sources,
-            lambda: read_chunks(sources),
+            lambda starts: read_chunks(sources, starts),
             spec,
             config,
             staging,

@@ -1,0 +1,306 @@
+"""A packing run over weighted inputs: `MixtureConfig`, and the plan and statistics of the mixture.
+
+Each input of ``tightpack pack`` (a file, a glob pattern, a dataset) is one source of the mixture,
+with one weight. After the samples are tokenized and accounted (truncated, dropped) as in any run,
+`plan_mixture_run` picks every source's samples (`tightpack.core.mixture.resolve_mixture`: repeated
+up to the cap, or subsampled by seed) and packs them so that every window of packs holds the
+mixture (`tightpack.core.mixture_plan`). The manifest's ``mixture`` section has the statistics per
+source and the worst window; ``tightpack inspect`` shows them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tightpack.core.mixture import MIX_BY, InfeasibleMixtureError, MixBy, resolve_mixture, sample_measure
+from tightpack.core.mixture_plan import DEFAULT_LOOKAHEAD, DEFAULT_WINDOW, plan_mixture
+from tightpack.core.planner import PackPlan
+from tightpack.errors import TightpackError, check_choice
+
+__all__ = ["MixtureConfig", "MixtureRun", "plan_mixture_run"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureConfig:
+    """The mixture of a packing run: one weight per input (``--weights``).
+
+    Attributes:
+        weights: one positive weight per input, in input order (normalised to shares).
+        mix_by: what the weights count (``--mix-by``): ``tokens``, ``supervised-tokens`` or
+            ``samples`` (`tightpack.core.mixture.MIX_BY`).
+        max_repetitions: a source is taken at most this many times over (``--max-repetitions``; 1:
+            never repeated); a larger source than its share needs is subsampled, by ``seed``.
+        total_tokens: the mixture's runtime tokens (``--mix-tokens``); None (and no ``total_packs``):
+            the largest mixture the cap allows.
+        total_packs: the mixture's packs (``--mix-packs``), exactly; the packs past it are left out.
+        window_packs: packs per window whose shares the run measures (``--mix-window``): a global
+            batch, in packs.
+        tolerance: percentage points (``--mix-tolerance``): a window further than this from a target
+            stops the run; None reports the worst window without a limit.
+        lookahead: packs the ordering chooses among (`tightpack.core.mixture_plan.order_packs`).
+
+    >>> MixtureConfig(weights=(5, 3, 2), mix_by="supervised-tokens").validate(3)
+    """
+
+    weights: tuple[float, ...]
+    mix_by: MixBy = "tokens"
+    max_repetitions: float = 1.0
+    total_tokens: int | None = None
+    total_packs: int | None = None
+    window_packs: int = DEFAULT_WINDOW
+    tolerance: float | None = None
+    lookahead: int = DEFAULT_LOOKAHEAD
+
+    def validate(self, inputs: int | None = None) -> None:
+        """Check the settings (and, given ``inputs``, one weight per input); raises `TightpackError`."""
+        check_choice("mix_by", self.mix_by, MIX_BY)
+        if inputs is not None and len(self.weights) != inputs:
+            raise TightpackError(
+                f"the mixture has {len(self.weights)} weights for {inputs} inputs: give one weight per "
+                "input, in input order (a glob pattern is one input)"
+            )
+        for number, weight in enumerate(self.weights, 1):
+            if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+                raise TightpackError(
+                    f"the weight of input {number} is {weight:g}: give a positive number (leave the input "
+                    "out instead of weight 0)"
+                )
+        if not (math.isfinite(self.max_repetitions) and self.max_repetitions >= 1):
+            raise TightpackError(
+                f"max_repetitions must be at least 1, got {self.max_repetitions!r}",
+                parameters=("max_repetitions",),
+            )
+        if self.total_tokens is not None and self.total_packs is not None:
+            raise TightpackError(
+                "give total_tokens or total_packs, not both", parameters=("total_tokens", "total_packs")
+            )
+        for name in ("total_tokens", "total_packs", "window_packs", "lookahead"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise TightpackError(f"{name} must be a positive integer, got {value!r}", parameters=(name,))
+        if self.tolerance is not None and not (math.isfinite(self.tolerance) and self.tolerance > 0):
+            raise TightpackError(
+                f"tolerance must be a positive number of percentage points, got {self.tolerance!r}",
+                parameters=("tolerance",),
+            )
+
+
+@dataclass(frozen=True)
+class MixtureRun:
+    """The packs of a mixture run and what the manifest says of it.
+
+    Attributes:
+        plan: the packs, over the store's samples (a repeated sample listed once per repetition).
+        chosen: bool ``[num_samples]``: the samples packed at least once.
+        report: the manifest's ``mixture`` section (`plan_mixture_run`).
+    """
+
+    plan: PackPlan
+    chosen: np.ndarray
+    report: dict[str, Any]
+
+
+def sample_sources(
+    source_index: np.ndarray, source_starts: list[int], input_of_source: list[int]
+) -> np.ndarray:
+    """The input each sample came from, int64 ``[num_samples]``: its row (``source_index``) falls in
+    the rows of one source (``source_starts``: the first row of each), which belongs to one input.
+
+    >>> sample_sources(np.array([0, 2, 3, 7]), [0, 3, 5], [0, 0, 1]).tolist()
+    [0, 0, 0, 1]
+    """
+    which = np.searchsorted(np.asarray(source_starts, dtype=np.int64), source_index, side="right") - 1
+    return np.asarray(input_of_source, dtype=np.int64)[which]
+
+
+def plan_mixture_run(
+    mixture: MixtureConfig,
+    names: list[str],
+    sample_input: np.ndarray,
+    keep: np.ndarray,
+    real: np.ndarray,
+    supervised: np.ndarray,
+    aligned: np.ndarray,
+    pack_size: int,
+    seed: int,
+) -> MixtureRun:
+    """The packs of a mixture over the kept samples, and its statistics.
+
+    Args:
+        mixture: the settings.
+        names: each input's name.
+        sample_input: int ``[num_samples]``: each sample's input (`sample_sources`).
+        keep: bool ``[num_samples]``: the samples the run may pack (accounting kept them).
+        real, supervised: int ``[num_samples]``: runtime and supervised tokens of each kept sample
+            (after truncation).
+        aligned: int ``[num_samples]``: the lengths in the pack (aligned).
+        pack_size, seed: the run's.
+
+    Raises:
+        InfeasibleMixtureError: targets past the cap, a source with nothing kept.
+        MixtureWindowError: a window past ``mixture.tolerance``.
+    """
+    mixture.validate(len(names))
+    source = np.where(keep, sample_input, -1)
+    total_tokens = mixture.total_tokens
+    if mixture.total_packs is not None:  # at least as many tokens as the packs hold, then cut to the count
+        total_tokens = mixture.total_packs * pack_size
+    try:
+        selection = resolve_mixture(
+            real,
+            supervised,
+            source,
+            mixture.weights,
+            by=mixture.mix_by,
+            names=names,
+            max_repetitions=mixture.max_repetitions,
+            total_tokens=total_tokens,
+            seed=seed,
+        )
+    except InfeasibleMixtureError as error:
+        if mixture.total_packs is None:
+            raise
+        raise InfeasibleMixtureError(
+            f"{error} (total_packs {mixture.total_packs:,} asks for {total_tokens:,} tokens: the packs full)",
+            parameters=(*error.parameters, "total_packs"),
+        ) from None
+    measure = sample_measure(mixture.mix_by, real, supervised)
+    mixed = plan_mixture(
+        selection,
+        aligned,
+        measure,
+        pack_size,
+        window=mixture.window_packs,
+        lookahead=mixture.lookahead,
+        tolerance=mixture.tolerance,
+        max_packs=mixture.total_packs,
+        seed=seed,
+        names=names,
+    )
+    if mixture.total_packs is not None and len(mixed.plan) < mixture.total_packs:
+        raise InfeasibleMixtureError(
+            f"the mixture fills {len(mixed.plan):,} packs, short of --mix-packs {mixture.total_packs:,}: "
+            "ask for fewer packs, or allow more repetitions with max_repetitions",
+            parameters=("max_repetitions",),
+        )
+    chosen = np.zeros(len(keep), dtype=bool)
+    chosen[mixed.plan.order] = True
+    report = _report(mixture, names, mixed, sample_input, keep, chosen, real, supervised)
+    return MixtureRun(mixed.plan, chosen, report)
+
+
+def _report(mixture, names, mixed, sample_input, keep, chosen, real, supervised) -> dict[str, Any]:
+    """The manifest's ``mixture`` section: settings, per-source statistics, the worst window, and
+    the shares of every window in order (for the plot)."""
+    count = len(names)
+    order, entry_source = mixed.plan.order, mixed.source
+    per = {
+        "entries": np.bincount(entry_source, minlength=count),
+        "tokens": np.bincount(entry_source, real[order], minlength=count),
+        "supervised_tokens": np.bincount(entry_source, supervised[order], minlength=count),
+        "samples": np.bincount(sample_input[keep], minlength=count),
+        "packed": np.bincount(sample_input[chosen], minlength=count),
+    }
+    measure_of = {"tokens": "tokens", "supervised-tokens": "supervised_tokens", "samples": "entries"}
+    available = np.bincount(sample_input[keep], sample_measure(mixture.mix_by, real, supervised)[keep], count)
+    achieved = per[measure_of[mixture.mix_by]] / max(per[measure_of[mixture.mix_by]].sum(), 1)
+    sources = []
+    for s, name in enumerate(names):
+        sources.append(
+            {
+                "name": name,
+                "weight": mixture.weights[s],
+                "target_share": float(mixed.targets[s]),
+                "share": float(achieved[s]),
+                "token_share": float(per["tokens"][s] / max(per["tokens"].sum(), 1)),
+                "supervised_share": float(
+                    per["supervised_tokens"][s] / max(per["supervised_tokens"].sum(), 1)
+                ),
+                "samples": int(per["samples"][s]),
+                "samples_packed": int(per["packed"][s]),
+                "sequences": int(per["entries"][s]),
+                "tokens": int(per["tokens"][s]),
+                "supervised_tokens": int(per["supervised_tokens"][s]),
+                "repetitions": float(per[measure_of[mixture.mix_by]][s] / max(available[s], 1)),
+                "worst_window_points": float(mixed.windows.per_source[s]),
+            }
+        )
+    window = mixed.windows.window or 1
+    packs = len(mixed.composition)
+    starts = np.arange(0, packs, window)
+    sums = np.add.reduceat(mixed.composition, starts, axis=0) if packs else np.zeros((0, count))
+    shares = sums / np.maximum(sums.sum(axis=1, keepdims=True), 1e-300)
+    return {
+        "mix_by": mixture.mix_by,
+        "max_repetitions": mixture.max_repetitions,
+        "total_tokens": mixture.total_tokens,
+        "total_packs": mixture.total_packs,
+        "tolerance_points": mixture.tolerance,
+        "sources": sources,
+        "windows": mixed.windows.to_dict(),
+        "window_shares": np.round(shares, 6).tolist(),
+    }
+
+
+def count_mixture(
+    counts: dict[str, int],
+    excluded: dict[str, Any],
+    store,
+    report,
+    owners: list[int],
+    run: MixtureRun,
+    keep: np.ndarray,
+    measures: dict[str, np.ndarray],
+    aligned: np.ndarray,
+) -> None:
+    """The run's counts and excluded rows as the mixture packed them, and the rows of every source.
+
+    ``packed`` counts the sequences written (a repeated sample once per repetition);
+    ``mixture_left_out`` the kept samples the mixture's subsample left out (their source rows in
+    ``excluded``), ``mixture_repeats`` the copies past the first; tokens and supervised tokens packed
+    are the output's, and lost are those of the input that never reached it. Each source of
+    ``run.report`` gains its rows, bad rows, truncated (packed) and dropped samples.
+    """
+    order, chosen = run.plan.order, run.chosen
+    tokens, supervised = measures["tokens"], measures["supervised"]
+    left_out = keep & ~chosen
+    counts["packed"] = len(order)
+    counts["mixture_left_out"] = int(left_out.sum())
+    counts["mixture_repeats"] = len(order) - int(chosen.sum())
+    counts["tokens_packed"] = int(tokens[order].sum())
+    counts["tokens_lost"] = counts["tokens_in"] - int(tokens[chosen].sum())
+    counts["supervised_packed"] = int(supervised[order].sum())
+    counts["supervised_lost"] = counts["supervised_in"] - int(supervised[chosen].sum())
+    counts["alignment_padding"] = int(aligned[order].sum()) - counts["tokens_packed"]
+    excluded["mixture_left_out"] = store.source_rows(np.flatnonzero(left_out)).tolist()
+
+    starts = list(report.source_starts)
+
+    def input_of_row(rows) -> np.ndarray:
+        return sample_sources(np.asarray(rows, dtype=np.int64), starts, owners)
+
+    sources = run.report["sources"]
+    count = len(sources)
+    rows_per_source = np.diff(np.append(starts, report.rows_read))
+    rows = np.bincount(owners, rows_per_source, minlength=count)
+    bad = np.bincount(input_of_row([row.sample_index for row in report.bad_rows]), minlength=count)
+    truncated_samples = np.searchsorted(store.source_index, np.asarray(excluded["truncated"], dtype=np.int64))
+    truncated = np.bincount(
+        input_of_row(np.asarray(excluded["truncated"], dtype=np.int64)[chosen[truncated_samples]]),
+        minlength=count,
+    )
+    dropped_rows = np.concatenate(
+        [np.asarray(excluded[reason], dtype=np.int64) for reason in ("dropped_long", "no_supervised")]
+    )
+    dropped = np.bincount(input_of_row(dropped_rows), minlength=count)
+    for s, entry in enumerate(sources):
+        entry.update(
+            rows=int(rows[s]),
+            bad_rows=int(bad[s]),
+            truncated_packed=int(truncated[s]),
+            dropped=int(dropped[s]),
+        )
