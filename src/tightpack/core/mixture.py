@@ -231,14 +231,44 @@ def _unit(by: str) -> str:
 
 def _infeasible(asked, targets, available, names, by, cap, largest_tokens) -> str:
     """The message of targets past the cap: the tightest source, the largest mixture the cap allows,
-    and the cap the asked mixture needs."""
+    the mixture the cap allows at the asked total, and the cap the asked mixture needs."""
     total, total_tokens = asked
     needed = targets * total / available
     tight = int(np.argmax(needed))
+    shares = achievable_shares(targets, cap * available / total)
+    at_total = (
+        f"no mixture of that many {_unit(by)} exists at the cap (the inputs hold less)"
+        if shares.sum() < 1 - 1e-9
+        else f"at the cap, the closest mixture of as many {_unit(by)} is "
+        + ", ".join(f"{name} {share:.1%}" for name, share in zip(names, shares, strict=True))
+    )
     return (
         f"the mixture of {total_tokens:,} tokens needs {names[tight]} {needed[tight]:.2f} times over "
         f"(its {int(available[tight]):,} {_unit(by)} for a {targets[tight]:.1%} share), past the "
-        f"repetition cap of {cap:g}: the largest mixture at the cap is about {int(largest_tokens):,} "
-        f"tokens (ask for at most that in total_tokens), or allow it with max_repetitions "
-        f"{math.ceil(needed.max() * 100) / 100:g}"
+        f"repetition cap of {cap:g}; {at_total}. The largest mixture at the cap is about "
+        f"{int(largest_tokens):,} tokens (ask for at most that in total_tokens), or allow this one with "
+        f"max_repetitions {math.ceil(needed.max() * 100) / 100:g}"
     )
+
+
+def achievable_shares(targets: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """The shares nearest ``targets`` when no source may pass its cap (``caps``: the largest share
+    each can have): capped sources at their cap, the rest in proportion to their targets. Their sum is
+    below 1 when the caps cannot fill the total.
+
+    >>> achievable_shares(np.array([0.5, 0.3, 0.2]), np.array([1.0, 0.1, 1.0])).round(4).tolist()
+    [0.6429, 0.1, 0.2571]
+    """
+    shares = np.zeros_like(targets)
+    free = np.ones(len(targets), dtype=bool)
+    remaining = 1.0
+    while free.any():
+        proposal = targets * remaining / targets[free].sum()
+        over = free & (proposal > caps)
+        if not over.any():
+            shares[free] = proposal[free]
+            break
+        shares[over] = caps[over]
+        remaining -= float(caps[over].sum())
+        free &= ~over
+    return shares
