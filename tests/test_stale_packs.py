@@ -103,7 +103,7 @@ def only(checked, rule: str):
 
 
 def test_rules_are_listed_in_order():
-    assert [rule.id for rule in DATA_RULES] == [f"D{index}" for index in range(1, 11)]
+    assert [rule.id for rule in DATA_RULES] == [f"D{index}" for index in range(1, 12)]
 
 
 def test_matching_config_has_no_findings(packs):
@@ -123,7 +123,8 @@ def test_nothing_to_check_without_offline_packing_or_paths(packs):
     config = base(packs)
     config["dataset"]["offline_packing_specs"].pop("packed_train_data_path")
     assert check(config).notes == (
-        "nothing to check: no packed_train_data_path or packed_val_data_path (nor --packed)",
+        "nothing to check: no packed_train_data_path, packed_train_data_blend or packed_val_data_path "
+        "(nor --packed)",
     )
     plain = merge(config, {"dataset": {"enable_offline_packing": False, "offline_packing_specs": DELETE}})
     checked = check(plain)

@@ -1,6 +1,7 @@
-"""The ``tightpack`` command line: ``pack``, ``plan``, ``inspect``, ``verify``, ``validate``, ``calibrate``.
+"""The ``tightpack`` command line: ``pack``, ``plan``, ``inspect``, ``verify``, ``validate``, ``blend``,
+``calibrate``.
 
-One module per group of commands (`pack_command`, `plan_command`, `dataset_commands`,
+One module per group of commands (`pack_command`, `plan_command`, `dataset_commands`, `blend_command`,
 `calibrate_command`), all registered on the typer `app.app`; this module only runs it.
 
 User errors (`TightpackError`, bad options) print one line on stderr and exit with status 2; there is
@@ -14,6 +15,7 @@ import sys
 import typer
 
 from tightpack.cli import (  # noqa: F401  (importing registers their commands)
+    blend_command,
     calibrate_command,
     dataset_commands,
     pack_command,

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from tightpack.core.pack_manifest import MANIFEST_NAME
+from tightpack.stale_packs.blend import check_blend
 from tightpack.stale_packs.context import CheckContext, CheckedSplit
 from tightpack.stale_packs.files import check_files
 from tightpack.stale_packs.metadata import check_metadata
@@ -41,6 +42,8 @@ def run_checks(context: CheckContext, packed: Path | None, named: list[tuple[str
             tokenizer = compared  # a fingerprint compared anywhere says more than names did
     if context.pad_cu_seqlens:
         check_metadata(context, splits, metadata_path, entries)
+    if packed is None:
+        check_blend(context, splits)
     order = {rule: index for index, rule in enumerate(RULE_IDS)}
     findings = sorted(context.findings, key=lambda finding: order[finding.rule])  # stable within a rule
     return PackedDataCheck(

@@ -26,6 +26,8 @@ class CheckContext:
         k: the alignment multiple the configuration needs (CP/SP, rule R13).
         configured_p: ``packed_sequence_size``, or None without specs.
         pad_cu_seqlens: ``pad_cu_seqlens`` is set.
+        mix_by: what a blend's weights are meant to count (`tightpack.core.mixture.MIX_BY`; rule D11).
+        blend_targets: the shares a blend is meant to give, one per source (None: its weights; D11).
         findings: what the checks found, in the order they found it (`add`).
         notes: one line each: what was left out, or how something was compared.
         loaded: what is read once per run, by name (the configured tokenizer's vocabulary).
@@ -39,12 +41,22 @@ class CheckContext:
     k: int
     configured_p: int | None
     pad_cu_seqlens: bool
+    mix_by: str = "tokens"
+    blend_targets: tuple[float, ...] | None = None
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     loaded: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, config: RunConfig, *, deep: bool, raw: Mapping[str, Any]) -> CheckContext:
+    def of(
+        cls,
+        config: RunConfig,
+        *,
+        deep: bool,
+        raw: Mapping[str, Any],
+        mix_by: str = "tokens",
+        blend_targets: tuple[float, ...] | None = None,
+    ) -> CheckContext:
         """The context of one run over ``config``."""
         derived = derive(config)
         specs = packing_specs(config.dataset)
@@ -57,6 +69,8 @@ class CheckContext:
             k=derived.alignment_multiple,
             configured_p=specs.packed_sequence_size if specs else None,
             pad_cu_seqlens=bool(specs and specs.pad_cu_seqlens),
+            mix_by=mix_by,
+            blend_targets=blend_targets,
         )
 
     def add(self, rule: str, severity: Severity, reason: str, fix: str) -> None:
@@ -98,9 +112,12 @@ class CheckedSplit:
     @property
     def attr(self) -> str:
         """The configuration key of its path (``packed_train_data_path``), or "" for ``--packed``."""
-        return split_attr(self.name) if self.name in ("train", "val") else ""
+        return "" if self.name == "packed" else split_attr(self.name)
 
 
 def split_attr(name: str) -> str:
-    """The configuration key of a split's path: ``train`` -> ``packed_train_data_path``."""
+    """The configuration key of a split's path: ``train`` -> ``packed_train_data_path``, ``train[1]`` (the
+    second source of a blend) -> ``packed_train_data_blend[0][1]``."""
+    if name.startswith("train["):
+        return f"packed_train_data_blend[0]{name[len('train') :]}"
     return {"train": "packed_train_data_path", "val": "packed_val_data_path"}.get(name, name)

@@ -105,5 +105,15 @@ DATA_RULES: tuple[DataRule, ...] = (
         "(`tokenizer.tokenizer_model`, a local tokenizer; `GPT2BPETokenizer`: GPT-2's), on the sampled "
         "rows of D8 (every row with `--deep`); with a manifest D7 compares the tokenizers themselves",
     ),
+    DataRule(
+        "D11",
+        ("error", "warning"),
+        "§2.1",
+        "`packed_train_data_blend` weights count packs: W when the shares of tokens (`--mix-by`: supervised "
+        "tokens, samples) they give its folders (manifests) are over half a point off the shares meant "
+        "(`--blend-targets`, else the weights), with the weights that give those; E when a "
+        "`GPTDatasetConfig` `blend`, `blend_per_split` or `data_path` names a tightpack folder (it reads "
+        "indexed `.bin`/`.idx` datasets)",
+    ),
 )
 RULE_IDS = tuple(rule.id for rule in DATA_RULES)
