@@ -480,13 +480,17 @@ def test_every_recorded_setting_has_a_flag_of_pack():
     import typer.main
 
     from tightpack.cli.app import app
+    from tightpack.offline.mixture import MixtureConfig
     from tightpack.offline.pack_flags import SETTING_FLAGS, recorded_paths
     from tightpack.prepare.format_config import FormatConfig
 
     sft = recorded_paths(PackConfig(packed_sequence_size=64).settings())
     units = PackConfig(packed_sequence_size=64, format=FormatConfig(format="preference")).settings()
+    mixed = PackConfig(packed_sequence_size=64, mixture=MixtureConfig(weights=(1, 1))).settings()
     assert "preference_layout" not in sft  # an SFT manifest records what it did before preference packing
-    assert sorted(set(sft) | set(recorded_paths(units))) == sorted(SETTING_FLAGS)
+    assert "mixture" not in sft  # nor a mixture, without one
+    recorded = set(sft) | set(recorded_paths(units)) | set(recorded_paths(mixed))
+    assert sorted(recorded) == sorted(SETTING_FLAGS)
     command = typer.main.get_command(app).commands["pack"]
     options = {option for param in command.params for option in param.opts}
     flags = {entry.flag for entry in SETTING_FLAGS.values() if entry.flag is not None}

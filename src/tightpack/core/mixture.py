@@ -28,7 +28,6 @@ from tightpack.errors import TightpackError
 __all__ = [
     "MIX_BY",
     "InfeasibleMixtureError",
-    "MixBy",
     "MixtureSelection",
     "resolve_mixture",
     "sample_measure",
@@ -128,7 +127,8 @@ def resolve_mixture(
     """The samples a mixture takes: every source's share of the ``by`` measure is its weight's.
 
     Args:
-        lengths, supervised: int ``[num_samples]``: runtime tokens and supervised tokens per sample.
+        lengths: int ``[num_samples]``: runtime tokens per sample.
+        supervised: int ``[num_samples]``: supervised tokens per sample.
         source: int ``[num_samples]``: the source of each sample, ``0 .. len(weights) - 1``, or -1 for
             a sample that is not packed (it is never chosen).
         weights: one positive weight per source (normalised to shares).

@@ -135,10 +135,11 @@ def plan_mixture_run(
         names: each input's name.
         sample_input: int ``[num_samples]``: each sample's input (`sample_sources`).
         keep: bool ``[num_samples]``: the samples the run may pack (accounting kept them).
-        real, supervised: int ``[num_samples]``: runtime and supervised tokens of each kept sample
-            (after truncation).
+        real: int ``[num_samples]``: runtime tokens of each kept sample (after truncation).
+        supervised: int ``[num_samples]``: supervised tokens of each kept sample (after truncation).
         aligned: int ``[num_samples]``: the lengths in the pack (aligned).
-        pack_size, seed: the run's.
+        pack_size: the run's pack size.
+        seed: the run's seed (subsamples and the interleave).
 
     Raises:
         InfeasibleMixtureError: targets past the cap, a source with nothing kept.
