@@ -224,9 +224,12 @@ def plan_blend(
     blend of ``samples`` rows draws from each folder.
 
     Args:
-        targets, folders, by, names: as `blend_weights`.
+        targets: one positive target share per folder (normalised).
+        folders: what each folder holds.
+        by: what the targets count (`MIX_BY`).
         samples: the rows the blend holds: global batch size x training steps when Megatron-Bridge's
             ``max_train_samples`` is set to it; None: the folders' packs summed, its default.
+        names: the folders' names for messages and the plan (default ``folder 0``, ...).
 
     Raises:
         TightpackError: as `blend_weights`, or ``samples`` is not positive.
