@@ -54,9 +54,15 @@ Preference pairs, KTO samples and groups are packed by the subclass
 `tightpack.runtime.online_preference.OnlinePreferencePacker`: each unit (a prompt and its branches) is
 one candidate, of its size and cost in the chosen layout, and every pack is one preference row.
 
+Weighted sources (`tightpack.runtime.online_mixture.WeightedSources`) take the place of ``source``:
+the packer picks each sample's source when it reads it, by a weighted fair queue over what the
+admitted samples count (``tokens``, ``supervised-tokens`` or ``samples``); each pack then carries
+``sources``, its members' source names, and `OnlinePacker.mixture_stats` counts them.
+
 Nothing is dropped (except by the ``drop`` long-sample policy, counted): a finite stream is flushed.
 `state_dict` holds keys, lengths, arrival steps and counters, never tensors; `load_state_dict`
-restores the buffer through ``restore(key)`` and restarts the source after the samples already read,
+restores the buffer through ``restore(key)`` (weighted sources: from each sample's source and index)
+and restarts the source after the samples already read,
 so a restored packer yields exactly the packs an uninterrupted one would. It refuses a state saved
 with other settings (`OnlinePackConfig.settings`), another shard layout (data-parallel size, worker
 count) or other data (a restored sample of another length, or another ``data_id``).
@@ -73,6 +79,7 @@ from tightpack.core.alignment import ceil_to_multiple, length_cap
 from tightpack.errors import TightpackError
 from tightpack.runtime.in_batch import pack_samples
 from tightpack.runtime.online_config import OnlinePackConfig
+from tightpack.runtime.online_mixture import MixtureCursor, MixtureReader, MixtureStats, WeightedSources
 from tightpack.runtime.online_select import (
     Candidate,
     best_fill,
@@ -93,9 +100,11 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             of the stream; each sample is a mapping with ``key`` and a 1-D ``input_ids`` tensor
             (optionally ``labels``, ``loss_mask`` and the visual tensors of
             `tightpack.runtime.in_batch.VISUAL_KEYS`). Prepare samples lazily in it: a worker only
-            reads its own positions.
+            reads its own positions. Or a `tightpack.runtime.online_mixture.WeightedSources`: several
+            sources mixed by weight (each pack then has ``sources``, its members' source names).
         config: the settings (`OnlinePackConfig`), validated here.
-        restore: ``restore(key)`` prepares the sample with that key again (for `load_state_dict`).
+        restore: ``restore(key)`` prepares the sample with that key again (for `load_state_dict`); not
+            with `WeightedSources`, which restores samples from their sources.
         rank: this data-parallel rank; each rank packs its own shard.
         world_size: the number of data-parallel ranks.
         pack_fn: builds a batch from the member samples, with the keyword arguments of
@@ -104,7 +113,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             which adds the multimodal positions (`tightpack.runtime.vlm.pack_vlm_samples`).
 
     Raises:
-        TightpackError: a setting is invalid, or ``rank`` is outside ``[0, world_size)``.
+        TightpackError: a setting is invalid, ``rank`` is outside ``[0, world_size)``, or ``restore``
+            is given with `WeightedSources`.
 
     Each pack is a THD batch ``[1, T]`` with ``keys``, its members' keys in order. ``counts`` holds
     ``samples``, ``packs``, ``tokens`` (real ones), ``truncated`` and ``dropped`` samples, ``waited``
@@ -128,7 +138,7 @@ class OnlinePacker(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        source: Callable[[int, int], Iterator[dict[str, Any]]],
+        source: Callable[[int, int], Iterator[dict[str, Any]]] | WeightedSources,
         config: OnlinePackConfig,
         *,
         restore: Callable[[Any], dict[str, Any]] | None = None,
@@ -144,6 +154,12 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         config.validate()
         if not 0 <= rank < world_size:
             raise TightpackError(f"rank ({rank}) must be in [0, world_size={world_size})")
+        self.mixture = source if isinstance(source, WeightedSources) else None
+        if self.mixture is not None and restore is not None:
+            raise TightpackError(
+                "restore is not used with WeightedSources: a buffered sample is restored from its source "
+                "and index (or stream position); leave restore out"
+            )
         self.source, self.restore, self.pack_fn = source, restore, pack_fn
         self.config = config
         self.cost_model = config.resolved_cost_model  # None without a cost cap
@@ -174,6 +190,9 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         }
         if self.cost_model is not None:
             self.counts |= {"cost": 0.0, "max_pack_cost": 0.0, "capped_packs": 0, "over_cap_samples": 0}
+        if self.mixture is not None:
+            self._cursor = MixtureCursor.start(len(self.mixture.sources))
+            self._mixed = self.mixture.new_stats(self.config.ignore_index)
 
     def shard(self) -> tuple[int, int]:
         """``(shard, shards)`` of the calling process: data-parallel rank and DataLoader worker."""
@@ -221,17 +240,34 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self.counts["held_bytes"] += candidate.nbytes
         self.counts["peak_held_bytes"] = max(self.counts["peak_held_bytes"], self.counts["held_bytes"])
 
-    def _fill(self, stream: Iterator[dict[str, Any]]) -> bool:
+    def _fill(self, stream: Iterator[Any]) -> bool:
         """Top the buffer up; False when the stream is exhausted."""
         while len(self.buffer) < self.config.packing_buffer_size:
-            sample = next(stream, None)
-            if sample is None:
+            item = next(stream, None)
+            if item is None:
                 return False
             self.consumed += 1
-            candidate = self._admit(sample, self.step)
+            if isinstance(stream, MixtureReader):
+                candidate = self._admit_mixed(stream, *item)
+            else:
+                candidate = self._admit(item, self.step)
             if candidate is not None:
                 self._hold(candidate)
         return True
+
+    def _admit_mixed(self, reader: MixtureReader, origin: tuple[int, int], sample: dict[str, Any]):
+        """A sample of weighted sources admitted, its measure (0 if dropped) told to the queue."""
+        candidate = self._admit(sample, self.step)
+        source = origin[0]
+        measure = self.mixture.measure(
+            None if candidate is None else candidate.sample, self.config.ignore_index
+        )
+        reader.count(source, measure)
+        if candidate is None:
+            self._mixed.dropped[source] += 1
+        else:
+            candidate.origin = origin
+        return candidate
 
     # -- selection ----------------------------------------------------------------------------------
 
@@ -273,6 +309,10 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             pad_to_max_length=config.pad_to_max_length,
         )
         batch["keys"] = [c.key for c in group]
+        if self.mixture is not None:
+            batch["sources"] = [self.mixture.names[c.origin[0]] for c in group]
+            for candidate in group:
+                self._mixed.add_sample(candidate.origin[0], candidate.sample)
         self._record(group, tokens=sum(len(sample["input_ids"]) for sample in samples))
         return batch
 
@@ -324,7 +364,10 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         return self._packs(shard, shards)
 
     def _packs(self, shard: int, shards: int) -> Iterator[dict[str, Any]]:
-        stream = iter(self.source(shard + self.consumed * shards, shards))
+        if self.mixture is not None:
+            stream = self.mixture.reader(self._cursor, shard, shards)
+        else:
+            stream = iter(self.source(shard + self.consumed * shards, shards))
         stream_open = True
         while True:
             if stream_open and not self.pending:
@@ -340,21 +383,38 @@ class OnlinePacker(torch.utils.data.IterableDataset):
     # -- checkpoint ---------------------------------------------------------------------------------
 
     def _settings(self) -> dict[str, Any]:
-        """The saved settings: the config's, and the data-parallel layout this packer shards by."""
-        return self.config.settings() | {"rank": self.rank, "world_size": self.world_size}
+        """The saved settings: the config's, the data-parallel layout this packer shards by, and the
+        mixture's with weighted sources."""
+        settings = self.config.settings() | {"rank": self.rank, "world_size": self.world_size}
+        if self.mixture is not None:
+            settings |= {f"mixture.{name}": value for name, value in self.mixture.settings().items()}
+        return settings
+
+    def _saved(self, candidate: Candidate) -> tuple:
+        """A buffered candidate in the state: key, tokens, arrival, and its origin in a mixture."""
+        if self.mixture is None:
+            return (candidate.key, candidate.tokens, candidate.arrival)
+        return (candidate.key, candidate.tokens, candidate.arrival, list(candidate.origin))
 
     def state_dict(self) -> dict[str, Any]:
-        """Keys, lengths, arrival steps and counters: everything needed to continue exactly, and no tensor."""
-        return {
+        """Keys, lengths, arrival steps and counters: everything needed to continue exactly, and no tensor.
+
+        With weighted sources also ``mixture``: the queue (each source's repetition, position and
+        measure read) and the per-source statistics of the packs emitted.
+        """
+        state = {
             "settings": self._settings(),
             "shard": list(self.shard()),
             "consumed": self.consumed,
             "step": self.step,
             "exhausted": self.exhausted,
-            "buffer": [(c.key, c.tokens, c.arrival) for c in self.buffer],
-            "pending": [[(c.key, c.tokens, c.arrival) for c in group] for group in self.pending],
+            "buffer": [self._saved(c) for c in self.buffer],
+            "pending": [[self._saved(c) for c in group] for group in self.pending],
             "counts": dict(self.counts),
         }
+        if self.mixture is not None:
+            state["mixture"] = {"cursor": self._cursor.state(), "stats": self._mixed.to_dict()}
+        return state
 
     def _layout_message(self, saved: tuple[int, int], current: tuple[int, int]) -> str:
         """Why a state saved by shard ``saved`` cannot continue in shard ``current`` (``(shard, shards)``)."""
@@ -396,11 +456,11 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         has nothing left: the next ``iter()`` yields nothing, the one after starts a new pass.
         """
         self.check_state(state)
-        if (state["buffer"] or state["pending"]) and self.restore is None:
+        if (state["buffer"] or state["pending"]) and self.restore is None and self.mixture is None:
             raise TightpackError("load_state_dict needs restore(key) to prepare the buffered samples again")
 
-        def candidate(key: Any, tokens: int, arrival: int) -> Candidate:
-            sample = self.restore(key)
+        def candidate(key: Any, tokens: int, arrival: int, origin: list[int] | None = None) -> Candidate:
+            sample = self.restore(key) if origin is None else self.mixture.restore(origin)
             restored_tokens = self._sample_tokens(sample)
             if restored_tokens != tokens:
                 raise TightpackError(
@@ -410,6 +470,8 @@ class OnlinePacker(torch.utils.data.IterableDataset):
             restored = self._admit(sample, arrival, count=False)  # counted when it first arrived
             if restored is None:
                 raise TightpackError(f"restored sample {key!r} would be dropped: the data changed")
+            if origin is not None:
+                restored.origin = (int(origin[0]), int(origin[1]))
             return restored
 
         self._reset()
@@ -417,6 +479,9 @@ class OnlinePacker(torch.utils.data.IterableDataset):
         self.counts.update(state["counts"])  # a state saved before a counter existed leaves it at 0
         self.buffer = [candidate(*saved) for saved in state["buffer"]]
         self.pending = [[candidate(*saved) for saved in group] for group in state["pending"]]
+        if self.mixture is not None:
+            self._cursor = MixtureCursor.from_state(state["mixture"]["cursor"])
+            self._mixed.load(state["mixture"]["stats"])
         self._resumed_shard = tuple(state["shard"])
         self._resumed_after_pass = self.exhausted
         if self.config.strategy == "best_fill":  # what the next selection checks, as an input error here
@@ -428,6 +493,26 @@ class OnlinePacker(torch.utils.data.IterableDataset):
                         f"{restored.key!r} (read at step {restored.arrival}) has {slack} steps left and "
                         f"{rank} samples due no later; the state was edited or comes from another packer"
                     )
+
+    def mixture_stats(self) -> MixtureStats:
+        """Per source of the weighted sources: rows, tokens and supervised tokens of the packs this
+        packer emitted (in this process: with DataLoader workers, tally the packs received with
+        `tightpack.runtime.online_mixture.MixtureStats.add`), samples dropped, achieved and target
+        shares, and the sources past their repetition cap.
+
+        Raises:
+            TightpackError: the packer reads one source, not `WeightedSources`.
+        """
+        if self.mixture is None:
+            raise TightpackError(
+                "mixture_stats counts the sources of WeightedSources; this packer reads one source"
+            )
+        stats = self.mixture.new_stats(self.config.ignore_index)
+        stats.load(self._mixed.to_dict())
+        stats.exhausted = tuple(
+            name for name, done in zip(self.mixture.names, self._cursor.exhausted, strict=True) if done
+        )
+        return stats
 
     @property
     def mean_wait(self) -> float:

@@ -35,6 +35,7 @@ from tightpack.prepare.tokenizer import TokenizerSpec, load_tokenizer
 from tightpack.runtime import thd
 from tightpack.runtime.online import OnlinePacker
 from tightpack.runtime.online_config import OnlinePackConfig
+from tightpack.runtime.online_mixture import WeightedSources
 from tightpack.runtime.online_select import Candidate
 from tightpack.runtime.preference_batch import build_preference_row
 
@@ -148,6 +149,11 @@ class OnlinePreferencePacker(OnlinePacker):
         world_size: int = 1,
     ) -> None:
         check_choice("layout", layout, LAYOUTS)
+        if isinstance(source, WeightedSources):
+            raise TightpackError(
+                "OnlinePreferencePacker reads one source of preference units: WeightedSources mixes "
+                "SFT samples (OnlinePacker); mix preference rows before they reach the packer"
+            )
         self.layout = layout  # before the base class's _reset, which counts per layout
         super().__init__(source, config, restore=restore, rank=rank, world_size=world_size)
 

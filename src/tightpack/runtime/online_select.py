@@ -29,6 +29,7 @@ class Candidate:
     tokens: int  # length as read, before truncation and alignment
     nbytes: int  # host memory held by its tensors
     cost: float = 0.0  # cost of its aligned length, in the cost model's unit; 0 without one
+    origin: tuple[int, int] | None = None  # weighted sources: (source, index or stream position)
 
 
 def ffd_groups(buffer: list[Candidate], pack_size: int, cost_cap: float | None) -> list[list[Candidate]]:
