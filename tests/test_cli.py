@@ -529,6 +529,43 @@ def test_summary_says_why_samples_were_cut_and_what_to_run_next(tmp_path):
     assert re.fullmatch(r"\d+\.\d\d%", summary_value(inspected.stdout, "efficiency"))
 
 
+@pytest.mark.parametrize(
+    ("split", "named", "absent"),
+    [
+        ("train", "packed_train_data_path={out}, packed_metadata_path=", "packed_val_data_path"),
+        ("validation", "packed_val_data_path={out},", "packed_train_data_path"),
+        ("test", "packed_train_data_path or packed_val_data_path={out},", "packed_metadata_path"),
+    ],
+)
+def test_the_megatron_bridge_hint_names_the_key_of_the_split_packed(
+    tmp_path, prompt_completion_rows, split, named, absent
+):
+    from datasets import Dataset, DatasetDict
+
+    rows = prompt_completion_rows[:20]
+    folder = tmp_path / "saved"
+    splits = {name: Dataset.from_list(rows) for name in ("train", "validation", "test")}
+    DatasetDict(splits).save_to_disk(folder)
+    out = tmp_path / "out"
+    result = run_cli(
+        "pack", folder, "-o", out, "--pack-size", "256", "--workers", "1", "--split", split, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    [hint] = [line for line in result.stdout.splitlines() if line.startswith("Megatron-Bridge:")]
+    assert named.format(out=out) in hint and absent not in hint, hint
+    assert ("packs no test split" in hint) == (split == "test"), hint
+
+
+def test_split_role_reads_the_words_of_a_split_name():
+    from tightpack.cli.pack_command import split_role
+
+    roles = {
+        None: "train", "train": "train", "train_sft": "train", "validation": "val", "validation_matched": "val",
+        "val": "val", "dev": "val", "eval": "val", "test": "test", "test_prefs": "test", "holdout": "other",
+    }  # fmt: skip
+    assert {name: split_role(name) for name in roles} == roles
+
+
 def test_ctrl_c_says_the_run_was_interrupted_and_stops_at_once(tmp_path, prompt_completion_rows):
     import signal
     import time
