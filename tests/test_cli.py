@@ -557,7 +557,7 @@ def test_the_megatron_bridge_hint_names_the_key_of_the_split_packed(
 
 
 def test_split_role_reads_the_words_of_a_split_name():
-    from tightpack.cli.pack_command import split_role
+    from tightpack.cli.pack_summary import split_role
 
     roles = {
         None: "train", "train": "train", "train_sft": "train", "validation": "val", "validation_matched": "val",
