@@ -390,6 +390,7 @@ static PyObject *order_by_deviation(PyObject *self, PyObject *args) {
                 double x = running[s] + row[s];
                 if (x < 0) x = -x;
                 if (x > value) value = x;
+                if (best_value >= 0 && value >= best_value) break; /* no better than the best so far */
             }
             if (best_value < 0 || value < best_value) {
                 best_value = value;

@@ -9,10 +9,14 @@ steps:
    pace with its share: a sample's place is its source's running measure up to it, divided by the
    source's target share (a weighted fair queue). Within a source the samples come in a seeded
    shuffled order, one repetition after the other.
-2. **Pack in stream order**: first fit over the stream (`tightpack.core.planner`), so a pack holds
-   samples from one stretch of the stream, and a later pack from a later stretch.
+2. **Pack in stream order** (`pack_stream`): first fit over the stream, so a pack holds samples of
+   one stretch of the stream, and a later pack from a later stretch; and a second plan that sorts
+   each stretch of a window's tokens longest first, which fills better where long samples leave
+   gaps.
 3. **Order the packs** (`order_packs`): from a pool of the next ``lookahead`` packs, take the one
    that keeps the running deviation from the targets smallest.
+4. **Choose**: the plan of fewer packs, unless its worst window is more than `WINDOW_SLACK` points
+   further off than the other's (with ``tolerance``: the fuller plan that is within it).
 
 What is guaranteed is what is measured: `window_deviation` counts, over every window of ``window``
 consecutive packs, each source's share against its target, exactly; the plan carries the worst
@@ -38,6 +42,7 @@ __all__ = [
     "WindowDeviation",
     "interleave",
     "order_packs",
+    "pack_stream",
     "plan_mixture",
     "window_deviation",
 ]
@@ -47,6 +52,9 @@ DEFAULT_WINDOW = 64
 
 DEFAULT_LOOKAHEAD = 256
 """Packs `order_packs` chooses among at each step."""
+
+WINDOW_SLACK = 1.0
+"""Percentage points of worst window `plan_mixture` gives up for a plan of fewer packs."""
 
 
 class MixtureWindowError(TightpackError):
@@ -148,10 +156,34 @@ def plan_mixture(
     (20, [0.5, 0.5], 0.0)
     """
     targets = selection.targets
-    sources = len(targets)
     entry_measure = np.asarray(measure, dtype=np.float64)[selection.samples]
     stream = interleave(entry_measure, selection.source, selection.repetition, targets, seed)
-    packed = plan_packs(np.asarray(lengths)[selection.samples[stream]], pack_size, algorithm="first_fit")
+    stream_lengths = np.asarray(lengths)[selection.samples[stream]]
+    candidates = [
+        _candidate(pack_stream(stream_lengths, pack_size, sorted_packs), stream, selection, entry_measure,
+                   window, lookahead, max_packs)
+        for sorted_packs in (window, 0)  # the fuller one first
+    ]  # fmt: skip
+    fuller, closer = candidates
+    if tolerance is not None:
+        within = [c for c in candidates if c.windows.points <= tolerance]
+        chosen = within[0] if within else closer
+        if not within:
+            raise _window_error(chosen, targets, tolerance, names)
+    elif (
+        len(fuller.plan) < len(closer.plan) and fuller.windows.points <= closer.windows.points + WINDOW_SLACK
+    ):
+        chosen = fuller
+    else:
+        chosen = closer
+    return chosen
+
+
+def _candidate(packed, stream, selection, entry_measure, window, lookahead, max_packs) -> MixturePlan:
+    """A plan of the mixture from packs of the stream: ordered (`order_packs`), cut to ``max_packs``,
+    its worst window counted."""
+    targets = selection.targets
+    sources = len(targets)
     entries = stream[packed.order]  # entries, pack by pack
     packs = len(packed)
     pack_of = np.repeat(np.arange(packs), packed.pack_sizes)
@@ -168,17 +200,42 @@ def plan_mixture(
         order=selection.samples[entries], offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     )
     windows = window_deviation(composition, targets, window)
-    if tolerance is not None and windows.points > tolerance:
-        name = names[windows.source] if names else f"source {windows.source}"
-        share = composition[windows.first_pack : windows.first_pack + windows.window]
-        achieved = share[:, windows.source].sum() / share.sum()
-        raise MixtureWindowError(
-            f"packs {windows.first_pack}-{windows.first_pack + windows.window - 1} hold {achieved:.1%} of "
-            f"{name} against a target of {targets[windows.source]:.1%}, {windows.points:.2f} points off "
-            f"(tolerance {tolerance:g}): a larger window, a larger pack size or less unequal samples "
-            "per source bring windows closer"
-        )
     return MixturePlan(plan, selection.source[entries], composition, targets, windows)
+
+
+def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> MixtureWindowError:
+    """The error of a worst window past ``tolerance``: which packs, which source, how far."""
+    windows = plan.windows
+    name = names[windows.source] if names else f"source {windows.source}"
+    share = plan.composition[windows.first_pack : windows.first_pack + windows.window]
+    achieved = share[:, windows.source].sum() / share.sum()
+    return MixtureWindowError(
+        f"packs {windows.first_pack}-{windows.first_pack + windows.window - 1} hold {achieved:.1%} of "
+        f"{name} against a target of {targets[windows.source]:.1%}, {windows.points:.2f} points off "
+        f"(tolerance {tolerance:g}): a larger window, a larger pack size or less unequal samples "
+        "per source bring windows closer"
+    )
+
+
+def pack_stream(lengths: np.ndarray, pack_size: int, sorted_packs: int = 0) -> PackPlan:
+    """Packs of a stream, filled in stream order: first fit (`plan_packs`), each entry into the first
+    pack with room. With ``sorted_packs``, the stream is first cut into stretches of that many packs'
+    tokens and each stretch sorted longest first (first fit decreasing within a stretch): fuller
+    packs where long entries would leave gaps, at the price of entries moving within their stretch.
+    ``lengths``: int ``[num_entries]`` in stream order; the plan numbers the stream's positions.
+
+    >>> [pack.tolist() for pack in pack_stream(np.array([3, 6, 4, 7]), 10)]
+    [[0, 1], [2], [3]]
+    >>> [pack.tolist() for pack in pack_stream(np.array([3, 6, 4, 7]), 10, sorted_packs=2)]
+    [[3, 0], [1, 2]]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not sorted_packs:
+        return plan_packs(lengths, pack_size, algorithm="first_fit")
+    stretch = (np.cumsum(lengths) - lengths) // (sorted_packs * pack_size)
+    order = np.lexsort((-lengths, stretch))
+    plan = plan_packs(lengths[order], pack_size, algorithm="first_fit")
+    return PackPlan(order=order[plan.order], offsets=plan.offsets)
 
 
 def window_deviation(composition: np.ndarray, targets: np.ndarray, window: int) -> WindowDeviation:
@@ -232,9 +289,10 @@ def interleave(
         seed: seeds the shuffle of each repetition.
 
     Within a source the repetitions come one after the other, each shuffled. An entry's place in
-    the stream is ``(its source's measure up to and including it) / target``, ties to the lower
-    source: after any prefix of the stream, every source's measure is within one entry of its share
-    of the prefix's total (a weighted fair queue).
+    the stream is the middle of its span, ``(its source's measure before it + half its own) /
+    target``, ties to the lower source: after any prefix of the stream, every source's measure is
+    within one entry of its share of the prefix's total (a weighted fair queue; the middle, not the
+    end, so a large entry is not preceded by a stretch without its source).
 
     >>> measure, source = np.ones(6), np.array([0, 0, 0, 0, 1, 1])
     >>> order = interleave(measure, source, np.zeros(6), np.array([2, 1]) / 3)
