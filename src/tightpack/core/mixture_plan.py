@@ -15,8 +15,8 @@ steps:
    gaps.
 3. **Order the packs** (`order_packs`): from a pool of the next ``lookahead`` packs, take the one
    that keeps the running deviation from the targets smallest.
-4. **Choose**: the plan of fewer packs, unless its worst window is more than `WINDOW_SLACK` points
-   further off than the other's (with ``tolerance``: the fuller plan that is within it).
+4. **Choose**: the sorted plan when it saves more than `SORTED_SAVES` of the packs, else the stream
+   order; with ``tolerance``, the other one too when the first strays past it.
 
 What is guaranteed is what is measured: `window_deviation` counts, over every window of ``window``
 consecutive packs, each source's share against its target, exactly; the plan carries the worst
@@ -53,8 +53,9 @@ DEFAULT_WINDOW = 64
 DEFAULT_LOOKAHEAD = 256
 """Packs `order_packs` chooses among at each step."""
 
-WINDOW_SLACK = 1.0
-"""Percentage points of worst window `plan_mixture` gives up for a plan of fewer packs."""
+SORTED_SAVES = 0.002
+"""`plan_mixture` packs sorted stretches of the stream when that saves more than this share of the
+packs (0.2%), and keeps the stream's order otherwise."""
 
 
 class MixtureWindowError(TightpackError):
@@ -159,24 +160,17 @@ def plan_mixture(
     entry_measure = np.asarray(measure, dtype=np.float64)[selection.samples]
     stream = interleave(entry_measure, selection.source, selection.repetition, targets, seed)
     stream_lengths = np.asarray(lengths)[selection.samples[stream]]
-    candidates = [
-        _candidate(pack_stream(stream_lengths, pack_size, sorted_packs), stream, selection, entry_measure,
-                   window, lookahead, max_packs)
-        for sorted_packs in (window, 0)  # the fuller one first
-    ]  # fmt: skip
-    fuller, closer = candidates
-    if tolerance is not None:
-        within = [c for c in candidates if c.windows.points <= tolerance]
-        chosen = within[0] if within else closer
-        if not within:
-            raise _window_error(chosen, targets, tolerance, names)
-    elif (
-        len(fuller.plan) < len(closer.plan) and fuller.windows.points <= closer.windows.points + WINDOW_SLACK
-    ):
-        chosen = fuller
-    else:
-        chosen = closer
-    return chosen
+    in_order = pack_stream(stream_lengths, pack_size)
+    stretches_sorted = pack_stream(stream_lengths, pack_size, sorted_packs=window)
+    preferred, other = in_order, stretches_sorted  # stream order, unless sorting saves packs
+    if len(stretches_sorted) < len(in_order) * (1 - SORTED_SAVES):
+        preferred, other = stretches_sorted, in_order
+    chosen = None
+    for packed in (preferred, other):  # the other plan only when the preferred one misses the tolerance
+        chosen = _candidate(packed, stream, selection, entry_measure, window, lookahead, max_packs)
+        if tolerance is None or chosen.windows.points <= tolerance:
+            return chosen
+    raise _window_error(chosen, targets, tolerance, names)
 
 
 def _candidate(packed, stream, selection, entry_measure, window, lookahead, max_packs) -> MixturePlan:
@@ -233,7 +227,10 @@ def pack_stream(lengths: np.ndarray, pack_size: int, sorted_packs: int = 0) -> P
     if not sorted_packs:
         return plan_packs(lengths, pack_size, algorithm="first_fit")
     stretch = (np.cumsum(lengths) - lengths) // (sorted_packs * pack_size)
-    order = np.lexsort((-lengths, stretch))
+    longest = int(lengths.max(initial=0)) + 1
+    order = np.argsort(
+        stretch * longest + (longest - 1 - lengths), kind="stable"
+    )  # by stretch, longest first
     plan = plan_packs(lengths[order], pack_size, algorithm="first_fit")
     return PackPlan(order=order[plan.order], offsets=plan.offsets)
 
