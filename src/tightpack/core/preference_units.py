@@ -27,7 +27,8 @@ import numpy as np
 
 from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.pack_plan import PackPlan
-from tightpack.core.planner import plan_packs
+from tightpack.core.planner import ALGORITHMS, plan_packs
+from tightpack.core.unit_fill import plan_drained
 from tightpack.errors import TightpackError, check_choice
 
 __all__ = [
@@ -427,13 +428,24 @@ def plan_units(
     layout: Layout,
     *,
     pad_to_multiple_of: int = 1,
-    algorithm: str = "bfd",
+    algorithm: str = "bfd_drain",
 ) -> PackPlan:
-    """Pack whole units into packs of ``pack_size`` tokens: the planner (`tightpack.core.planner`)
-    over every unit's `unit_sizes`, so no unit is ever split. Fit them first (`fit_units`).
+    """Pack whole units into packs of ``pack_size`` tokens: a planner over every unit's `unit_sizes`,
+    so no unit is ever split. Fit them first (`fit_units`).
+
+    ``algorithm`` is ``bfd_drain`` (`tightpack.core.unit_fill.plan_drained`: best-fit decreasing,
+    then packs emptied into others by exact refills; never more packs than ``bfd``) or one of the
+    planner's (`tightpack.core.planner.ALGORITHMS`).
 
     >>> units = PreferenceUnits.from_lists([[1, 2, 3], [4]], [[7, 8], [9], [5], [6]], [2, 2])
     >>> [pack.tolist() for pack in plan_units(units, 10, "pairs")]
     [[0], [1]]
     """
-    return plan_packs(unit_sizes(units, layout, pad_to_multiple_of), pack_size, algorithm=algorithm)
+    sizes = unit_sizes(units, layout, pad_to_multiple_of)
+    if algorithm == "bfd_drain":
+        return plan_drained(sizes, pack_size)
+    if algorithm not in ALGORITHMS:
+        raise TightpackError(
+            f"unknown packing algorithm {algorithm!r}; choose one of {sorted(['bfd_drain', *ALGORITHMS])}"
+        )
+    return plan_packs(sizes, pack_size, algorithm=algorithm)
