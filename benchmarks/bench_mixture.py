@@ -85,7 +85,7 @@ import numpy as np  # noqa: E402
 
 from results import add_size_options, choose_size, table, write_result  # noqa: E402
 from tightpack.core.mixture import resolve_mixture  # noqa: E402
-from tightpack.core.mixture_plan import plan_mixture, window_deviation  # noqa: E402
+from tightpack.core.mixture_plan import interleave, plan_mixture, window_deviation  # noqa: E402
 from tightpack.core.planner import plan_packs  # noqa: E402
 from tightpack.core.stats import pack_stats  # noqa: E402
 
@@ -97,8 +97,9 @@ TIGHTPACK = "tightpack"
 MEGATRON_ROWS = "Megatron: blend rows, then pack"
 MEGATRON_FOLDERS = "Megatron: blend packed folders"
 ENERGON = "Energon: random sample blend"
-METHODS = (TIGHTPACK, MEGATRON_ROWS, MEGATRON_FOLDERS, ENERGON)
-SAMPLE_WEIGHTED = METHODS[1:]
+STREAM = "reference: tightpack's stream, unpacked"
+METHODS = (TIGHTPACK, MEGATRON_ROWS, MEGATRON_FOLDERS, ENERGON, STREAM)
+SAMPLE_WEIGHTED = (MEGATRON_ROWS, MEGATRON_FOLDERS, ENERGON)
 
 GOAL_WHOLE = 0.1  # points: tightpack over the whole output
 GOAL_WINDOW, GOAL_WINDOW_PACKS = 2.0, 64  # points: tightpack in every window of 64 packs
@@ -400,6 +401,14 @@ def run_config(data: Sources, pack_size: int, args) -> dict:
     results = {
         TIGHTPACK: outcome(compositions(mixed.plan.offsets, mixed.plan.order, data), pack_size, targets)
     }
+    # a reference, not a method: the interleaved stream itself cut every pack's worth of tokens, with no
+    # pack boundary to respect (what the stream's order holds before packing)
+    measure = data.supervised[selection.samples].astype(np.float64)
+    stream = interleave(measure, selection.source, selection.repetition, targets, args.seed)
+    entries = selection.samples[stream]
+    cut = (np.cumsum(data.real[entries]) - 1) // pack_size
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(cut)) + 1, [len(entries)]])
+    results[STREAM] = outcome(compositions(bounds, entries, data), pack_size, targets)
     mixed_stats = pack_stats(mixed.plan, data.real, pack_size)
     unmixed_stats = pack_stats(unmixed, lengths, pack_size)
     samples, packs = len(selection.samples), len(mixed.plan)
@@ -459,6 +468,7 @@ def run_config(data: Sources, pack_size: int, args) -> dict:
         "pack_size": pack_size,
         "left_out_longer_than_pack": left_out,
         "repetitions": selection.repetitions.tolist(),
+        "lumps": lumps(selection, data, targets, len(mixed.plan)),
         "quotas_met": (selection.chosen / selection.quotas).tolist(),
         "methods": results,
         "fill": fill,
@@ -466,6 +476,18 @@ def run_config(data: Sources, pack_size: int, args) -> dict:
     }
     config["goals"] = goals(config)
     return config
+
+
+def lumps(selection, data: Sources, targets: np.ndarray, packs: int) -> list[float]:
+    """Each source's largest sample, in supervised tokens, over that source's quota in a mean window of
+    `GOAL_WINDOW_PACKS` packs: at 0.5, one sample is half of what a window should hold of its source,
+    and no order of whole samples spreads it finer than that."""
+    chosen = selection.samples
+    window_total = data.supervised[chosen].sum() * GOAL_WINDOW_PACKS / packs
+    return [
+        float(data.supervised[chosen[selection.source == s]].max() / (targets[s] * window_total))
+        for s in range(len(NAMES))
+    ]
 
 
 def goals(config: dict) -> list[dict]:
@@ -657,6 +679,10 @@ def print_config(config: dict) -> None:
         f"\npack size {config['pack_size']:,}: {f['samples']:,} samples; left out (longer than the pack) "
         f"{config['left_out_longer_than_pack']}; repetitions "
         f"{[round(r, 2) for r in config['repetitions']]} ({config['seconds']:.1f} s)"
+    )
+    print(
+        f"  largest sample over its source's quota in a mean {GOAL_WINDOW_PACKS}-pack window: "
+        f"{[round(r, 2) for r in config['lumps']]}"
     )
     print(f"  {'method':<34} {'packs':>7} {'shares (supervised) %':>26} {'whole':>7} {'w8':>7} {'w64':>7}"
           f" {'w64 med':>7} {'w64 ok%':>7}  {'tokens %':>22}  {'fill %':>6}")  # fmt: skip

@@ -216,7 +216,9 @@ def pack_units_into(
             config.packed_sequence_size,
             layout,
             pad_to_multiple_of=multiple,
-            algorithm=config.algorithm,
+            # bfd, then emptying its emptiest packs into the others (`tightpack.core.unit_fill`): whole
+            # units leave more room than single sequences, and the drain takes most of it back
+            algorithm="bfd_drain" if config.algorithm == "bfd" else config.algorithm,
         )
         stats = unit_stats(units, plan, config)
         sequences, lengths = sequence_plan(units, plan, layout, multiple)
