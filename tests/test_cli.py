@@ -560,8 +560,9 @@ def test_split_role_reads_the_words_of_a_split_name():
     from tightpack.cli.pack_summary import split_role
 
     roles = {
-        None: "train", "train": "train", "train_sft": "train", "validation": "val", "validation_matched": "val",
-        "val": "val", "dev": "val", "eval": "val", "test": "test", "test_prefs": "test", "holdout": "other",
+        None: "train", "train": "train", "train_sft": "train", "validation": "val",
+        "validation_matched": "val", "val": "val", "dev": "val", "eval": "val", "test": "test",
+        "test_prefs": "test", "holdout": "other",
     }  # fmt: skip
     assert {name: split_role(name) for name in roles} == roles
 

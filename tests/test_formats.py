@@ -146,7 +146,10 @@ class TestPromptCompletion:
     def test_unknown_format_and_loss_on(self):
         with pytest.raises(
             TightpackError,
-            match=r"^format must be one of auto, prompt-completion, chat, tokens, preference, kto, groups; got 'x'$",
+            match=(
+                r"^format must be one of auto, prompt-completion, chat, tokens, preference, kto, groups; "
+                r"got 'x'$"
+            ),
         ):
             FormatConfig(format="x")  # type: ignore[arg-type]
         with pytest.raises(

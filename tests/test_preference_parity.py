@@ -39,6 +39,8 @@ TOLERANCE = {"sdpa": 1e-10, "eager": 1e-8}
 def within(got, expected, attention: str) -> bool:
     scale = expected.abs() if attention == "eager" else torch.ones_like(expected)
     return bool(((got - expected).abs() <= TOLERANCE[attention] * scale + 1e-10).all())
+
+
 LAYOUTS = ("pairs", "shared-prefix")
 
 

@@ -26,6 +26,8 @@ from tightpack.core.pack_plan import PackPlan
 from tightpack.core.planner import plan_packs
 from tightpack.core.subset_fill import best_subset
 
+__all__ = ["DRAIN_MAX_CAPACITY", "drain_packs", "least_packs", "plan_drained"]
+
 DRAIN_MAX_CAPACITY = 1 << 20
 """Largest pack size (after dividing out the lengths' common factor) that `drain_packs` works on:
 every refill runs a subset-sum over that many bits. Above it the plan is returned unchanged."""
