@@ -4,8 +4,6 @@ source, counted here from its rows, against the weights and the manifest's stati
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from tightpack.core.mixture_plan import window_deviation
 from tightpack.errors import TightpackError
 from tightpack.offline.mixture import MixtureConfig
 from tightpack.offline.pipeline import MANIFEST_NAME, PackConfig, pack_dataset
+from tightpack.verify import verify_packed
 
 from .conftest import write_jsonl
 
@@ -98,12 +97,8 @@ def test_the_packed_rows_hold_the_weights_and_the_manifest_counts_them(sources, 
     assert counts["packed"] == len(source) and counts["supervised_packed"] == int(supervised.sum())
     assert counts["mixture_repeats"] == len(rows) - len(set(rows.tolist()))
     assert counts["mixture_left_out"] == 580 - len(set(rows.tolist()))
-    verified = subprocess.run(
-        [sys.executable, "-m", "tightpack.cli", "verify", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-    )
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    verified = verify_packed(tmp_path / "out")
+    assert verified.ok, verified.to_dict()
 
 
 def test_a_repeated_or_left_out_row_is_accounted_for(sources, tmp_path):
@@ -171,20 +166,21 @@ def test_settings_a_mixture_would_ignore_are_refused(setting, named):
         config.validate()
 
 
-def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_path):
-    def tightpack(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "tightpack.cli", *args], capture_output=True, text=True, cwd=tmp_path
-        )
+def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_path, capsys, monkeypatch):
+    """``tightpack`` in this process (`tightpack.cli.main`, the console script's entry): the summary's
+    mixture, inspect's table and plot, and one line on stderr with exit 2 for each user error."""
+    from tightpack.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def tightpack(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main([str(arg) for arg in args])
+        out, err = capsys.readouterr()
+        return code, out, err
 
     inputs = [str(path) for path in sources]
-    done = tightpack(
-        "pack",
-        *inputs,
-        "-o",
-        "out",
-        "--pack-size",
-        "1024",
+    mix = [
         "--weights",
         "5,3,2",
         "--mix-by",
@@ -193,13 +189,14 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
         "3",
         "--mix-window",
         "4",
-    )
-    assert done.returncode == 0, done.stderr
-    assert "mixture by supervised-tokens (target -> achieved; repetitions):" in done.stdout
-    assert "worst window of 4 packs" in done.stdout
-    shown = tightpack("inspect", "out", "--plot", "plot.png")
-    assert shown.returncode == 0, shown.stderr
-    assert "mixture by supervised-tokens: worst window of 4 packs" in " ".join(shown.stdout.split())
+    ]
+    code, out, err = tightpack("pack", *inputs, "-o", "out", "--pack-size", "1024", *mix)
+    assert code == 0, err
+    assert "mixture by supervised-tokens (target -> achieved; repetitions):" in out
+    assert "worst window of 4 packs" in out
+    code, out, err = tightpack("inspect", "out", "--plot", "plot.png")
+    assert code == 0, err
+    assert "mixture by supervised-tokens: worst window of 4 packs" in " ".join(out.split())
     assert (tmp_path / "plot.mixture.png").stat().st_size > 10_000
     for args, message in (
         (("--weights", "5,3"), "error: the mixture has 2 weights for 3 inputs"),
@@ -209,8 +206,6 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
         (("--mix-by", "samples"), "error: --mix-by sets the mixture of --weights"),
         (("--weights", "1,1,1", "--mix-tokens", "lots"), "error: --mix-tokens 'lots'"),
     ):
-        failed = tightpack("pack", *inputs, "-o", "bad", "--pack-size", "1024", *args)
-        assert failed.returncode == 2, (args, failed.stdout, failed.stderr)
-        assert failed.stderr.startswith(message) and len(failed.stderr.strip().splitlines()) == 1, (
-            failed.stderr
-        )
+        code, out, err = tightpack("pack", *inputs, "-o", "bad", "--pack-size", "1024", *args)
+        assert code == 2, (args, out, err)
+        assert err.startswith(message) and len(err.strip().splitlines()) == 1, err

@@ -104,6 +104,6 @@ def test_readme_example_validates_clean(tmp_path):
 def test_the_readme_example_is_the_one_tested_here():
     """The YAML the README shows under `tightpack validate` is README_EXAMPLE, so the two cannot drift."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    shown = readme.split("validates clean:\n\n", 1)[1]  # then the block, under its `<!-- file: -->` line
+    shown = readme.split("<!-- file: train.yaml -->\n", 1)[1]
     block = shown.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert yaml.safe_load(block) == yaml.safe_load(README_EXAMPLE)
