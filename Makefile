@@ -28,8 +28,9 @@ $(VENV)/.installed-bench: $(VENV)/.installed-dev
 demo: $(VENV)/.installed-demo
 	$(VENV)/bin/tightpack pack --overwrite
 
+# Two workers, each test file whole on one (its module fixtures, a Ray cluster, start once).
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The documentation site (mkdocs.yml) into site/; tests/test_docs_site.py builds it with --strict.
 docs: $(VENV)/.installed-dev

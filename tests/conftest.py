@@ -13,10 +13,17 @@ loaded profile: 100k, or 3000k). A test without its own ``max_examples`` runs th
 
 from __future__ import annotations
 
+import os
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # `make test` runs two workers on two cores: one thread each (and in the processes they start),
+    # where torch's default of a thread per core would have them take the cores from each other.
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
+
 import importlib
 import io
 import json
-import os
 import sys
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
