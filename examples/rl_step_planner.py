@@ -28,6 +28,12 @@ from tightpack.runtime.in_batch import build_thd_from_rows
 from tightpack.runtime.step_loss import packed_step_loss
 
 RANKS, STEPS, VOCAB = 2, 2, 64
+PADDING = {  # one token with nothing to learn: the row of an empty micro-batch
+    "input_ids": torch.zeros(1, dtype=torch.int64),
+    "position_ids": torch.zeros(1, dtype=torch.int64),
+    "loss_mask": torch.zeros(1, dtype=torch.int64),
+    "advantage": torch.zeros(1),
+}
 PROMPTS_PER_RANK, GROUP = 2, 4  # each prompt gets GROUP completions: a GRPO group
 
 
@@ -78,8 +84,6 @@ def train(rank: int, store: str) -> None:
         )  # the same plan on every rank: take this rank's micro-batches
         total = torch.zeros(())
         for indices in plan.rank_batches(rank):
-            if not len(indices):
-                continue  # an empty micro-batch (a rank with fewer rollouts than the count): nothing to run
             rows = [
                 {
                     "input_ids": torch.from_numpy(rollouts[i]["tokens"]),
@@ -88,7 +92,7 @@ def train(rank: int, store: str) -> None:
                     "advantage": torch.full((len(rollouts[i]["tokens"]),), rollouts[i]["advantage"]),
                 }
                 for i in indices.tolist()
-            ]
+            ] or [PADDING]  # an empty micro-batch still runs a forward: FSDP or TP would hang without it
             batch = build_thd_from_rows(rows, sequence_tensor_pad_values={"advantage": 0.0})
             logits = packed_forward(model, batch, probe=False).logits[0]
             targets = torch.roll(batch["input_ids"][0], -1)

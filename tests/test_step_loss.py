@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tightpack.core.step_planner import LossDenominators, plan_step
+from tightpack.errors import TightpackError
 from tightpack.runtime.in_batch import build_thd_from_rows
 from tightpack.runtime.step_loss import LOSS_MODES, packed_step_loss
 
@@ -136,3 +137,36 @@ def test_every_mode_of_a_packed_step_over_two_ranks_equals_the_unpacked_step(tmp
                 for got, expected in zip(local_gradients, gradients, strict=True)
             )
             assert worst > 1e-6 and abs(float(local_loss - loss)) > 1e-6, f"{mode}: local denominators agree"
+
+
+def test_untrained_positions_may_hold_any_value_and_labels_may_stand_for_the_mask():
+    rows = [
+        {
+            "input_ids": torch.tensor([5, 6, 7]),
+            "position_ids": torch.arange(3),
+            "loss_mask": torch.tensor([1, 1, 0]),
+        },
+        {
+            "input_ids": torch.tensor([8, 9]),
+            "position_ids": torch.arange(2),
+            "loss_mask": torch.tensor([1, 0]),
+        },
+    ]
+    batch = build_thd_from_rows(rows)
+    step = LossDenominators(tokens=3, sequences=2)
+    finite = torch.tensor([[2.0, 4.0, 0.0, 6.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    wild = torch.tensor(
+        [[2.0, 4.0, float("inf"), 6.0, float("nan")]], dtype=torch.float64, requires_grad=True
+    )
+    labelled = {key: value for key, value in batch.items() if key != "loss_mask"}
+    labelled["labels"] = torch.where(batch["loss_mask"] > 0, batch["input_ids"], -100)
+    for mode in LOSS_MODES:
+        expected = packed_step_loss(finite, batch, step, mode=mode)
+        got = packed_step_loss(wild, batch, step, mode=mode)
+        assert torch.isfinite(got) and got == expected
+        assert packed_step_loss(finite, labelled, step, mode=mode) == expected
+        (gradient,) = torch.autograd.grad(got, wild)
+        assert torch.isfinite(gradient).all() and gradient[0, 2] == 0 and gradient[0, 4] == 0
+    bare = {key: value for key, value in batch.items() if key != "loss_mask"}
+    with pytest.raises(TightpackError, match="neither loss_mask nor labels"):
+        packed_step_loss(finite, bare, step)

@@ -98,7 +98,32 @@ def test_every_guarantee_holds_on_random_steps(step):
     costs = item_costs(aligned, model, groups)
     loads = plan.rank_cost
     assert loads.max() <= loads.mean() + (1 - 1 / ranks) * costs.max() + 1e-6 * max(costs.max(), 1)
+    assert loads.max() <= lpt_reference(costs, ranks).max() * (1 + 1e-12)  # the swaps never lose to LPT
     assert np.array_equal(again.order, plan.order) and np.array_equal(again.offsets, plan.offsets)
+
+
+@pytest.mark.parametrize(
+    "lengths, ranks, model",
+    [
+        ([28, 64, 59, 65, 61, 75, 45], 3, None),  # the swaps once kept an item they had moved away
+        ([2902, 4080, 4637, 4040, 3900, 1858, 3788], 3, "llama-8b"),
+    ],
+)
+def test_the_swaps_after_the_dealing_never_lose_to_lpt(lengths, ranks, model):
+    plan = plan_step(lengths, ranks, max_tokens=10**7, cost_model=model)
+    costs = item_costs(lengths, None if model is None else CostModel.resolve(model))
+    assert plan.rank_cost.max() <= lpt_reference(costs, ranks).max()
+    assert plan.rank_cost.max() <= (4 / 3 - 1 / (3 * ranks)) * best_dealing(costs, ranks)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=9), st.integers(2, 4))
+def test_a_few_items_a_rank_are_never_dealt_worse_than_lpt(lengths, ranks):
+    """Where ranks hold two to six items the swaps have the most to do (and once did it wrong)."""
+    plan = plan_step(lengths, ranks, micro_batches=1)
+    costs = np.asarray(lengths, np.float64)
+    assert plan.rank_cost.max() <= lpt_reference(costs, ranks).max()
+    assert np.isclose(plan.rank_cost.sum(), costs.sum())
 
 
 def lpt_reference(costs: np.ndarray, ranks: int) -> np.ndarray:
@@ -216,7 +241,16 @@ def test_the_seed_renames_ranks_only():
         ),
         (lambda: plan_step([5, 4], 2, max_tokens=8, supervised=[6, 1]), r"sequence 0 has 6 of 5"),
         (lambda: plan_step([5, 4], 2, max_tokens=8, groups=[0]), r"^groups must be \[2\], got shape \(1,\)"),
-        (lambda: plan_step([9, 4], 2, max_tokens=8, pad_to_multiple_of=8), r"sequence 0 has 16 tokens"),
+        (
+            lambda: plan_step([9, 4], 2, max_tokens=8, pad_to_multiple_of=8),
+            r"sequence 0 has 9 tokens \(16 aligned to pad_to_multiple_of=8\)",
+        ),
+        (lambda: plan_step([9, 4], 2, max_tokens=16, seed=-1), r"seed must be a non-negative integer"),
+        (lambda: plan_step([9, 4], 2, max_tokens=16, seed=1.5), r"seed must be a non-negative integer"),
+        (
+            lambda: plan_step(np.array([2**63, 4], np.uint64), 2, max_tokens=16),
+            r"lengths must fit int64; sequence 0 has 9223372036854775808",
+        ),
     ],
 )
 def test_bad_input_is_an_error_naming_it(call, message):

@@ -21,8 +21,10 @@ long as its slowest rank, and ranks that run different numbers of micro-batches 
    fewer sequences than the count gets empty micro-batches, which the plan counts.
 
 Deterministic: ties go to the lower index, and ``seed`` permutes which rank is called which (rank 0 is
-not always the one with the costliest sequence). Vectorized: the dealing in rounds of many items at
-once (exactly what dealing one by one gives), the micro-batches all ranks at once.
+not always the one with the costliest sequence). After the dealing, up to 64 moves or swaps of one item
+between the most and the least loaded rank lower the slowest rank where they can (never above LPT's).
+Vectorized: the dealing in rounds of many items at once (the loads dealing one by one gives), the
+micro-batches all ranks at once.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ def _integers(values, name: str, count: int | None = None, least: int = 0) -> np
         raise TightpackError(f"{name} must be {shape}, got shape {array.shape}")
     if len(array) and not np.issubdtype(array.dtype, np.integer):
         raise TightpackError(f"{name} must be integers, got dtype {array.dtype}")
+    if len(array) and array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max:
+        raise TightpackError(f"{name} must fit int64; sequence {int(array.argmax())} has {array.max()}")
     array = array.astype(np.int64)
     low = np.flatnonzero(array < least)
     if len(low):
@@ -194,13 +198,18 @@ def _refine(costs: np.ndarray, owner: np.ndarray, ranks: int) -> None:
     for a lighter one of that rank: the move or swap that brings the two closest, while one brings the
     pair below the old maximum (so no rank ever rises above it). ``owner`` is updated in place."""
     loads = np.bincount(owner, weights=costs, minlength=ranks)
+    dealt_to = owner.copy()
     by_rank = np.argsort(_small(owner), kind="stable")
     starts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ranks))])
-    moved_in: dict[int, list[int]] = {}
+    moved_in: dict[int, set[int]] = {}
 
-    def members(rank: int) -> np.ndarray:  # the items dealt to it, less those moved away, plus those moved in
-        dealt = by_rank[starts[rank] : starts[rank + 1]]
-        return np.concatenate([dealt[owner[dealt] == rank], np.array(moved_in.get(rank, []), dtype=np.int64)])
+    def members(rank: int) -> np.ndarray:  # the items it holds now: those dealt to it and still there,
+        dealt = by_rank[
+            starts[rank] : starts[rank + 1]
+        ]  # and those moved in from other ranks and still there
+        arrived = np.fromiter(moved_in.get(rank, ()), dtype=np.int64)
+        arrived = np.sort(arrived[(owner[arrived] == rank) & (dealt_to[arrived] != rank)])
+        return np.concatenate([dealt[owner[dealt] == rank], arrived])
 
     for _ in range(_REFINE_ROUNDS):
         high, low = int(loads.argmax()), int(loads.argmin())
@@ -223,10 +232,10 @@ def _refine(costs: np.ndarray, owner: np.ndarray, ranks: int) -> None:
             return
         pick, back = best
         owner[mine[pick]] = low
-        moved_in.setdefault(low, []).append(int(mine[pick]))
+        moved_in.setdefault(low, set()).add(int(mine[pick]))
         if back:
             owner[theirs[order[back - 1]]] = high
-            moved_in.setdefault(high, []).append(int(theirs[order[back - 1]]))
+            moved_in.setdefault(high, set()).add(int(theirs[order[back - 1]]))
         shift = taken[pick] - given[back]
         loads[high] -= shift
         loads[low] += shift
@@ -338,7 +347,14 @@ def plan_step(
     allow_oversize: bool = False,
     seed: int = 0,
 ) -> StepPlan:
-    """Deal one step's sequences to ``data_parallel_size`` ranks in micro-batches (module docstring).
+    """Deal one step's sequences to ``data_parallel_size`` ranks in micro-batches.
+
+    Ranks by cost: items (sequences, or groups kept on one rank) heaviest first, each to the least
+    loaded rank (LPT), then moves and swaps between the most and the least loaded rank; the slowest rank
+    costs at most ``mean + (1 - 1/DP) * c_max`` and at most ``(4/3 - 1/(3 DP))`` times the best dealing.
+    Micro-batches by tokens: each rank's sequences first fit decreasing under ``max_tokens`` (or into
+    ``micro_batches`` of them); every rank gets the same count, an empty micro-batch only where a rank
+    holds fewer sequences than the count. Deterministic: every rank computes the same plan.
 
     Args:
         lengths: tokens of every sequence of the step, int ``[N]``, each at least 1 (all ranks' sequences,
@@ -347,7 +363,7 @@ def plan_step(
         max_tokens: the token budget of a micro-batch (aligned tokens). Give it or ``micro_batches``.
         micro_batches: a fixed number of micro-batches per rank instead of a budget.
         supervised: supervised tokens of every sequence, int ``[N]`` (the totals; the loss denominators of
-            `tightpack.core.step_loss`); None counts every token.
+            `tightpack.runtime.step_loss`); None counts every token.
         groups: a group id per sequence, int ``[N]``: the sequences of a group stay on one rank (a GRPO
             group, the branches of a preference pair), possibly in several of its micro-batches.
         cost_model: a `CostModel` or a preset name (``llama-8b``, ...); None costs a sequence its tokens.
@@ -371,6 +387,8 @@ def plan_step(
     >>> plan.rank_cost.tolist(), plan.empty_micro_batches
     ([11.0, 11.0], 0)
     """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise TightpackError(f"seed must be a non-negative integer, got {seed!r}")
     ranks = _check_size(data_parallel_size, "data_parallel_size")
     multiple = _check_size(pad_to_multiple_of, "pad_to_multiple_of")
     lengths = _integers(lengths, "lengths", least=1)
@@ -395,10 +413,14 @@ def plan_step(
     if max_tokens is not None and not allow_oversize:
         too_long = np.flatnonzero(aligned > max_tokens)
         if len(too_long):
+            first = too_long[0]
+            size = f"{lengths[first]} tokens" + (
+                f" ({aligned[first]} aligned to pad_to_multiple_of={multiple})" if multiple > 1 else ""
+            )
             raise TightpackError(
-                f"sequence {too_long[0]} has {aligned[too_long[0]]} tokens, over max_tokens={max_tokens} "
-                f"({len(too_long)} such in all); raise max_tokens or pass allow_oversize=True to give such a "
-                "sequence a micro-batch of its own",
+                f"sequence {first} has {size}, over max_tokens={max_tokens} ({len(too_long)} such in all); "
+                "raise max_tokens or pass allow_oversize=True to give such a sequence a micro-batch of "
+                "its own",
                 parameters=("max_tokens", "allow_oversize"),
             )
     model = None if cost_model is None else CostModel.resolve(cost_model)

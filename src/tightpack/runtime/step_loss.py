@@ -42,18 +42,22 @@ def packed_step_loss(
     *,
     mode: LossMode = "token-mean",
     data_parallel_size: int = 1,
+    ignore_index: int = -100,
 ) -> torch.Tensor:
     """This micro-batch's share of the step's loss, a scalar to backpropagate.
 
     Args:
-        per_token_loss: ``[1, T]`` or ``[T]``: the loss at every position of the packed row (0 or any
-            value where nothing is trained: ``batch["loss_mask"]`` selects).
-        batch: the packed row (THD keys: ``loss_mask`` label-aligned, ``cu_seqlens_q`` and, with
-            alignment padding, ``cu_seqlens_q_padded``); its sequences are whole.
+        per_token_loss: ``[1, T]`` or ``[T]``: the loss at every position of the packed row (any value,
+            inf or nan included, where nothing is trained: ``batch["loss_mask"]`` selects).
+        batch: the packed row (THD keys: ``loss_mask`` label-aligned, or else ``labels`` with -100 where
+            nothing is trained; ``cu_seqlens_q`` and, with alignment padding, ``cu_seqlens_q_padded``);
+            its sequences are whole.
         denominators: the step's (`tightpack.core.step_planner.StepPlan.loss_denominators`).
         mode: ``token-mean``, ``sequence-mean-token-mean`` or ``sequence-mean-token-sum``.
         data_parallel_size: the factor gradients are averaged by across ranks (DDP, FSDP: ``DP``); 1
             when they are summed.
+        ignore_index: the label of an untrained position, where the batch has ``labels`` and no
+            ``loss_mask``.
 
     Returns:
         The scalar; summed over the step's micro-batches of every rank (each contribution divided by
@@ -84,13 +88,25 @@ def packed_step_loss(
             "a loss needs at least one (leave out a step with nothing to learn)"
         )
     loss = per_token_loss.reshape(-1)
-    mask = batch["loss_mask"].reshape(-1).to(loss.dtype)
-    if loss.shape != mask.shape:
+    if batch.get("loss_mask") is not None:
+        selected = batch["loss_mask"].reshape(-1) != 0
+    elif batch.get("labels") is not None:
+        selected = batch["labels"].reshape(-1) != ignore_index
+    else:
         raise TightpackError(
-            f"per_token_loss has {loss.numel()} positions and the batch's loss_mask {mask.numel()}: give the "
-            "loss at every position of the packed row"
+            "the batch has neither loss_mask nor labels, so nothing says which positions are trained: "
+            "give each sample a loss_mask (or labels with -100 where nothing is trained)"
         )
-    trained = loss * mask
+    if loss.shape != selected.shape:
+        raise TightpackError(
+            f"per_token_loss has {loss.numel()} positions and the batch's loss_mask {selected.numel()}: give "
+            "the loss at every position of the packed row"
+        )
+    selected = selected.to(loss.device)
+    mask = selected.to(loss.dtype)
+    trained = torch.where(
+        selected, loss, torch.zeros_like(loss)
+    )  # inf or nan where nothing is trained stay out
     if mode == "token-mean":
         total = trained.sum() / denominators.tokens
     else:
