@@ -71,7 +71,7 @@ def _masked(sample: dict[str, Any]) -> dict[str, Any]:
 
 class GlobalBatchPacker:
     """Every step, ``samples_per_step`` samples pooled across the data-parallel ranks and dealt back to
-    them in balanced micro-batches (module docstring).
+    them in balanced micro-batches (`plan_step`).
 
     Args:
         source: ``source(start, stride)`` yields samples ``{"key", "input_ids"[, "labels", "loss_mask"]}``
