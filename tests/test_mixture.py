@@ -61,7 +61,10 @@ def test_quotas_are_met_to_half_a_sample_and_the_cap_holds(mixture, seed):
         mine = chosen.samples[chosen.source == s]
         got = measure[mine].sum()
         assert got == chosen.chosen[s]
-        assert abs(got - chosen.quotas[s]) <= measure[source == s].max() / 2 + 1e-6
+        largest, quota, cap_measure = measure[source == s].max(), chosen.quotas[s], cap * chosen.available[s]
+        assert got <= cap_measure * (1 + 1e-12)  # the cap holds, rounding included
+        # the nearer prefix, to half a sample; or the one below, where the one above would pass the cap
+        assert abs(got - quota) <= largest / 2 + 1e-6 or (got < quota and quota - got <= largest)
         copies = np.bincount(mine, minlength=len(lengths))
         assert copies.max() <= math.ceil(cap)
         # repetitions come in passes: a sample's k-th copy only once every sample has k - 1 copies
@@ -85,6 +88,23 @@ def test_a_total_past_the_cap_is_an_error_that_names_the_way_out():
     )
     assert chosen.chosen.tolist() == [1000, 1000]
     assert chosen.repetitions.tolist() == [1.0, 10.0]
+
+
+def test_rounding_never_passes_the_cap():
+    """Three samples at a cap of 2.99 are 8.97 samples: 8 are taken, not 9 (the nearer count)."""
+    ones = np.ones(13, np.int64)
+    source = np.array([0] * 3 + [1] * 10)
+    chosen = resolve_mixture(ones, ones, source, [1, 1], by="samples", max_repetitions=2.99)
+    assert chosen.chosen[0] == 8 and chosen.repetitions[0] <= 2.99
+
+
+def test_huge_weights_and_caps_are_numbers_not_overflows():
+    lengths = np.array([5, 5, 7])
+    source = np.array([0, 0, 1])
+    chosen = resolve_mixture(lengths, lengths, source, [1e308, 1e308], total_tokens=24, max_repetitions=100)
+    assert chosen.targets.tolist() == [0.5, 0.5]
+    with pytest.raises(InfeasibleMixtureError, match=r"about [\d,]+ samples .* over the 100,000,000"):
+        resolve_mixture(lengths, lengths, source, [1, 1], max_repetitions=1e9)
 
 
 def test_bad_weights_and_empty_sources_are_named():

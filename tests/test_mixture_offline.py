@@ -4,6 +4,7 @@ source, counted here from its rows, against the weights and the manifest's stati
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +195,9 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
     assert code == 0, err
     assert "mixture by supervised-tokens (target -> achieved; repetitions):" in out
     assert "worst window of 4 packs" in out
+    assert re.search(r"of which repeats \(mixture\)\W+[\d,]+", out) and re.search(
+        r"left out by the mixture\W+\d", out
+    )
     code, out, err = tightpack("inspect", "out", "--plot", "plot.png")
     assert code == 0, err
     assert "mixture by supervised-tokens: worst window of 4 packs" in " ".join(out.split())
@@ -205,6 +209,8 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
         (("--weights", "1,1,1", "--mix-tokens", "1B"), "error: the mixture of 1,000,000,000 tokens needs"),
         (("--mix-by", "samples"), "error: --mix-by sets the mixture of --weights"),
         (("--weights", "1,1,1", "--mix-tokens", "lots"), "error: --mix-tokens 'lots'"),
+        (("--mix-window", "3"), "error: --mix-window sets the mixture of --weights"),
+        (("--weights", "1,1,1", "--mix-tokens", "1,000,000,000"), "error: the mixture of 1,000,000,000"),
     ):
         code, out, err = tightpack("pack", *inputs, "-o", "bad", "--pack-size", "1024", *args)
         assert code == 2, (args, out, err)

@@ -211,6 +211,14 @@ def test_a_fraction_of_a_repetition_is_a_seeded_subsample():
     assert len(short) == 60 and len(set(short)) == 40
 
 
+@pytest.mark.parametrize("rows, cap, reads", [(3, 2.9, 8), (10, 1.05, 10), (7, 2.5, 17)])
+def test_a_fraction_of_a_repetition_never_reads_past_the_cap(rows, cap, reads):
+    sources = [Rows("short", size=rows), Rows("long")]
+    mixture = WeightedSources(sources, [0.5, 0.5], names=NAMES[:2], max_repetitions=cap)
+    keys = [key for pack in OnlinePacker(mixture, config()) for key in pack["keys"]]
+    assert sum(key.startswith("short") for key in keys) == reads  # floor(cap * rows), not the rounding
+
+
 def test_continue_goes_on_with_the_other_sources_until_every_one_ran_out():
     sources = [Rows("short", size=40), Rows("medium", size=30), stream("long")]
     mixture = WeightedSources(

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tightpack.core.mixture_plan import DEFAULT_WINDOW
 from tightpack.errors import TightpackError
 from tightpack.offline.mixture import MixtureConfig
 
@@ -70,12 +71,13 @@ _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 
 
 def token_count(text: str) -> int:
-    """``500k``, ``20M``, ``1.5B`` or a plain integer as a number of tokens.
+    """``500k``, ``20M``, ``1.5B``, ``1e6`` or an integer (``266,250`` as printed) as a number of tokens.
 
-    >>> token_count("1.5B"), token_count("20M"), token_count("4096")
-    (1500000000, 20000000, 4096)
+    >>> [token_count(text) for text in ("1.5B", "20M", "4096", "266,250", "1e6")]
+    [1500000000, 20000000, 4096, 266250, 1000000]
     """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMbBgG]?)\s*", text)
+    digits = re.sub(r"(?<=\d)[,_](?=\d{3})", "", text)  # thousands separators, as the messages print them
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:[eE]\d+)?)\s*([kKmMbBgG]?)\s*", digits)
     if match is None or float(match[1]) * _SCALE[match[2].lower()] < 1:
         raise TightpackError(
             f"--mix-tokens {text!r}: give a number of tokens such as 500000, 500k, 20M or 1.5B"
@@ -101,6 +103,7 @@ def mixture_config(
             "--mix-tokens": mix_tokens is not None,
             "--mix-packs": mix_packs is not None,
             "--mix-tolerance": mix_tolerance is not None,
+            "--mix-window": mix_window != DEFAULT_WINDOW,
         }
         unused = [flag for flag, set_ in given.items() if set_]
         if unused:

@@ -154,11 +154,21 @@ def _sample_rows(result) -> list[tuple[str, str]]:
     return [
         ("samples in", f"{counts['samples_in']:,}"),
         ("packed", f"{counts['packed']:,}"),
+        *(
+            (("  of which repeats (mixture)", f"{counts['mixture_repeats']:,}"),)
+            if "mixture_repeats" in counts
+            else ()
+        ),
         ("  of which truncated", f"{counts['truncated']:,}"),
         *(
             (f"    {label}", f"{counts[key]:,}")
             for key, label in _TRUNCATION_LABELS.items()
             if counts.get(key)
+        ),
+        *(
+            (("left out by the mixture", f"{counts['mixture_left_out']:,}"),)
+            if "mixture_left_out" in counts
+            else ()
         ),
         ("dropped (too long)", f"{counts['dropped_long']:,}"),
         ("dropped (no supervised token)", f"{counts['no_supervised']:,}"),

@@ -37,6 +37,10 @@ MixBy = Literal["tokens", "supervised-tokens", "samples"]
 MIX_BY: tuple[str, ...] = get_args(MixBy)
 """What a mixture weight counts: runtime tokens, supervised tokens, or samples."""
 
+MAX_ENTRIES = 10**8
+"""The most samples (repetitions counted) one mixture may hold: past it, a large repetition cap with no
+total is an error before any memory is taken, not an allocation that fails."""
+
 
 class InfeasibleMixtureError(TightpackError):
     """Mixture targets that a source cannot reach under the repetition cap."""
@@ -76,6 +80,7 @@ def check_weights(weights: Sequence[float], names: Sequence[str]) -> np.ndarray:
                 parameters=("weights",),
             )
     shares = np.asarray(weights, dtype=np.float64)
+    shares = shares / shares.max()  # 1e308 and 1e308 are 1 and 1: the sum cannot overflow
     return shares / shares.sum()
 
 
@@ -188,6 +193,14 @@ def resolve_mixture(
                 parameters=("max_repetitions", "total_tokens"),
             )
     quotas = targets * total
+    entries = float((quotas / available * np.bincount(source[used], minlength=count)).sum())
+    if entries > MAX_ENTRIES:
+        raise InfeasibleMixtureError(
+            f"the mixture would hold about {entries:,.0f} samples (the largest at the repetition cap of "
+            f"{max_repetitions:g}), over the {MAX_ENTRIES:,} one run can plan: ask for a total "
+            "(total_tokens or total_packs) or a lower max_repetitions",
+            parameters=("max_repetitions", "total_tokens"),
+        )
     rng_seeds = np.random.SeedSequence(seed).spawn(count)
     parts, passes, chosen = [], [], np.zeros(count, np.int64)
     for s in range(count):
@@ -199,7 +212,8 @@ def resolve_mixture(
         reached = np.cumsum(measure[order])
         k = int(np.searchsorted(reached, rest))  # reached[k - 1] < rest <= reached[k]
         below = reached[k - 1] if k else 0
-        if k < len(order) and reached[k] - rest < rest - below:  # the nearer of the two prefixes
+        room = (max_repetitions - whole) * available[s] * (1 + 1e-12)  # the cap, never passed by rounding
+        if k < len(order) and reached[k] - rest < rest - below and reached[k] <= room:  # the nearer prefix
             k += 1
         part = np.concatenate([np.tile(members, whole), order[:k]])
         parts.append(part)

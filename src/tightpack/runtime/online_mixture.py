@@ -383,7 +383,7 @@ class WeightedSources:
         """Positions of the fractional last repetition of a map-style source (0: none)."""
         length = self.lengths[source]
         fraction = self.max_repetitions - math.floor(self.max_repetitions)
-        return 0 if length is None or fraction == 0 else round(fraction * length)
+        return 0 if length is None or fraction == 0 else math.floor(fraction * length + 1e-9)  # never past R
 
     def _order(self, source: int, repetition: int) -> np.ndarray:
         """The shuffled indices of repetition ``repetition`` of map-style source ``source``."""
