@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import numpy as np
 import pytest
 import yaml
 
 from tightpack.config import load_config
-from tightpack.core.blend_weights import FolderStats, blend_shares, blend_weights, plan_blend
+from tightpack.core.blend_weights import (
+    FolderStats,
+    blend_counts,
+    blend_shares,
+    blend_weights,
+    plan_blend,
+    written_weights,
+)
 from tightpack.core.mixture import MIX_BY
 from tightpack.errors import TightpackError
 from tightpack.offline.config import PackConfig
@@ -120,9 +128,9 @@ def test_megatrons_selection_with_the_weights_reaches_the_targets(folders, by):
     targets = [0.3, 0.7]
     size = 4000
     plan = plan_blend(targets, stats, by=by, samples=size)
-    chosen = megatron_selection(plan.weights, size)
+    chosen = megatron_selection(written_weights(plan.weights), size)  # the weights as configured
     counts = np.bincount(chosen, minlength=2)
-    assert np.abs(counts - plan.drawn).max() <= 1  # the packs each folder supplies, as the plan says
+    assert counts.tolist() == plan.drawn.tolist()  # the packs each folder supplies, as the plan says
     achieved = {}
     for measure in MIX_BY:
         totals = [per_pack(arrays[name], measure)[drawn_packs(chosen, f, len(arrays[name].runtime))].sum()
@@ -149,7 +157,8 @@ def test_plan_blend_sizes_the_blend_as_megatron_bridge_does(folders):
     stats = [manifest_stats(root, "short"), manifest_stats(root, "long")]
     default = plan_blend([1, 1], stats)
     assert default.samples == stats[0].packs + stats[1].packs  # without max_train_samples
-    np.testing.assert_allclose(default.drawn, default.weights * default.samples)
+    assert default.drawn.sum() == default.samples
+    assert np.abs(default.drawn - default.weights * default.samples).max() <= 1
     np.testing.assert_allclose(default.passes, default.drawn / [stats[0].packs, stats[1].packs])
     assert default.passes[0] > 1 > default.passes[1]  # the short folder is read several times over
     assert plan_blend([1, 1], stats, samples=10).samples == 10
@@ -171,6 +180,41 @@ def test_plan_blend_sizes_the_blend_as_megatron_bridge_does(folders):
 def test_errors_name_the_folder(targets, stats, by, match):
     with pytest.raises(TightpackError, match=match):
         blend_weights(targets, stats, by=by, names=["a", "b"])
+
+
+def megatron_counts(weights, size: int) -> np.ndarray | None:
+    """Megatron-Core's own ``helpers_cpp.build_blending_indices`` counts; None without megatron-core."""
+    try:
+        from megatron.core.datasets import helpers_cpp
+        from megatron.core.datasets.utils import normalize
+    except ImportError:
+        return None
+    index = np.zeros(size, dtype=np.int16)
+    helpers_cpp.build_blending_indices(
+        index, np.zeros(size, dtype=np.int64), np.array(normalize(list(weights))), len(weights), size, False
+    )
+    return np.bincount(index, minlength=len(weights))
+
+
+def test_blend_counts_are_megatron_cores():
+    # the page's blend (docs/megatron-bridge.md): round(0.402297 * 32,000) = 12,873, Megatron draws 12,874
+    assert blend_counts([0.402297, 0.597703], 32_000).tolist() == [12874, 19126]
+    rng = np.random.default_rng(11)
+    cases = [([1, 1, 1], 7), ([0.402297, 0.597703], 32_000), ([3, 1], 0), ([2.5], 5)]
+    for _ in range(200):
+        sources = int(rng.integers(2, 7))
+        weights = rng.random(sources) + 1e-3 if rng.random() < 0.5 else rng.integers(1, 4, sources) * 1.0
+        cases.append((weights.tolist(), int(rng.integers(1, 3000))))
+    for weights, size in cases:
+        counts = blend_counts(weights, size)
+        assert counts.sum() == size
+        replayed = np.bincount(megatron_selection(weights, size), minlength=len(weights))
+        assert counts.tolist() == replayed.tolist()
+        reference = megatron_counts(weights, size)
+        if reference is not None:
+            assert counts.tolist() == reference.tolist(), (weights, size)
+    with pytest.raises(TightpackError, match=r"mixture weight 0 of source 1 must be a positive"):
+        blend_counts([1, 0], 10)
 
 
 def test_a_manifest_without_the_counts_is_an_error():
@@ -211,13 +255,17 @@ def test_cli_prints_the_weights_in_megatron_bridge_syntax(folders):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["short=1", "missing=1"], r"^error: missing: no such packed folder$"),
-        (["short=1", "short.jsonl=1"], r"^error: short.jsonl is not a packed folder: "),
+        (["short=1", "missing=1"], r"^error: missing: no such packed folder or Parquet file$"),
+        (["short=1", "short.jsonl=1"], r"^error: short.jsonl is not packed data: Not a packed Parquet spec"),
+        (["short=1", "no/*.parquet=1"], r"^error: no/\*.parquet is not packed data: No Parquet files found"),
         (["short=1", "long=0"], r"^error: the share of long must be a positive number, got '0' \(leave"),
         (["short=1", "long=x"], r"^error: the share of long must be a positive number, got 'x'$"),
         (["short=1", "long"], r"^error: 'long' is not FOLDER=SHARE"),
         (["short=1"], r"^error: a blend needs two or more folders"),
         (["short=1", "short=2"], r"^error: short is given twice"),
+        (["short=1", "./short=2"], r"^error: ./short names the same packs as short: give each folder one"),
+        (["short/*.parquet=1", "long=1", "short=2"], r"^error: short names the same packs as short/\*"),
+        (["short=1", "long=1", "short/../short=1"], r"^error: short/../short names the same packs as short:"),
         (["short=1", "long=1", "--mix-by", "packs"], r"^error: Invalid value for '--mix-by'"),
     ],
 )
@@ -316,6 +364,62 @@ def test_validate_cli_takes_the_measure_meant(folders):
     assert clean.stdout.splitlines()[-1] == "result: ok (0 errors, 0 warnings)", clean.stdout
     bad = run_main(["validate", path, "--blend-targets", "1,x"], cwd=root)
     assert bad.returncode == 2 and bad.stderr.startswith("error: --blend-targets must be positive numbers")
+
+
+def pasted_blend(printed: str) -> list:
+    """``packed_train_data_blend`` of the YAML ``tightpack blend --yaml`` prints."""
+    return yaml.safe_load(printed)["dataset"]["offline_packing_specs"]["packed_train_data_blend"]
+
+
+def test_the_blend_command_validate_prints_runs_on_a_glob(folders):
+    """docs/megatron-bridge.md: a source is a packed folder, Parquet file or glob; validate's D11 fix
+    prints ``tightpack blend SOURCE=SHARE ...`` with the configuration's sources, and it runs."""
+    root, _ = folders
+    path = root / "glob.yaml"
+    config = blend_config([0.5, 0.5])
+    shard = next((root / "long").glob("*.parquet")).name
+    config["dataset"]["offline_packing_specs"]["packed_train_data_blend"][0] = [
+        "short/*.parquet",
+        f"long/{shard}",
+    ]
+    path.write_text(yaml.safe_dump(config))
+    checked = run_main(["validate", path, "--mix-by", "supervised-tokens"], cwd=root)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    command = re.search(r"\(`(tightpack blend [^`]*)` prints them\)", checked.stdout).group(1)
+    assert command.startswith("tightpack blend 'short/*.parquet=0.5' ")  # quoted: zsh refuses a bare glob
+    words = shlex.split(command)  # as a shell reads it: the glob reaches blend, which expands it
+    assert words[:3] == ["tightpack", "blend", "short/*.parquet=0.5"]
+    printed = run_main([*words[1:], "--yaml"], cwd=root)
+    assert printed.returncode == 0, printed.stderr
+    sources, weights = pasted_blend(printed.stdout)
+    assert sources == ["short/*.parquet", f"long/{shard}"]
+    fix = re.search(
+        r"set \S+: \[\[short/\*\.parquet, long/\S+\], \[([\d.e-]+), ([\d.e-]+)\]\]", checked.stdout
+    )
+    assert weights == [float(fix.group(1)), float(fix.group(2))]  # the weights validate says to set
+    folder = run_main(["blend", "short=0.5", "long=0.5", "--mix-by", "supervised-tokens", "--yaml"], cwd=root)
+    assert pasted_blend(folder.stdout)[1] == weights
+
+
+@pytest.mark.parametrize("samples", [800, 4000, 32_000])
+def test_blend_and_validate_print_megatrons_packs_drawn(folders, samples):
+    root, _ = folders
+    args = ["blend", "short=1", "long=1", "--mix-by", "supervised-tokens", "--samples", samples]
+    planned = json.loads(run_main([*args, "--json"], cwd=root).stdout)
+    weights = [folder["weight"] for folder in planned["folders"]]
+    written = pasted_blend(run_main([*args, "--yaml"], cwd=root).stdout)[1]
+    selected = np.bincount(megatron_selection(written, samples), minlength=2).tolist()
+    assert [folder["drawn"] for folder in planned["folders"]] == selected  # what the run draws, exactly
+    assert written == written_weights(weights)
+    shown = run_main(args, cwd=root).stdout
+    for name, count in zip(("short", "long"), selected, strict=True):
+        assert re.search(rf"^│ {name} .*│ +{count:,} │ +[\d.]+ │$", shown, re.M), shown
+    path = root / f"drawn-{samples}.yaml"
+    path.write_text(yaml.safe_dump(blend_config(written, max_train_samples=samples)))
+    args = ["validate", path, "--mix-by", "supervised-tokens", "--blend-targets", "1,1"]
+    checked = run_main(args, cwd=root)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"short {selected[0]:,} of " in checked.stdout and f"long {selected[1]:,} of " in checked.stdout
 
 
 def test_a_pretraining_blend_of_packed_folders_is_an_error(folders, monkeypatch):

@@ -118,6 +118,53 @@ class TestPack:
             "packs-00000.idx.parquet",
         ]
 
+    def test_docs_formats_names_every_key_of_a_mixture_manifest(self, tmp_path, prompt_completion_rows):
+        """docs/formats.md's manifest table has a row for the mixture's keys and counts (`--weights`),
+        present only when the run mixes its inputs."""
+        first = write_jsonl(tmp_path / "a.jsonl", prompt_completion_rows[:60])
+        second = write_jsonl(tmp_path / "b.jsonl", prompt_completion_rows[60:80])
+        result = run_cli(
+            "pack", first, second, "-o", tmp_path / "mixed", "--pack-size", 256, "--weights", "1,1",
+            "--max-repetitions", 3, "--mix-window", 4, cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads((tmp_path / "mixed" / "manifest.json").read_text())
+        mixture = manifest["mixture"]
+        assert manifest["counts"]["mixture_repeats"] > 0 and manifest["counts"]["mixture_left_out"] > 0
+        page = (Path(__file__).parents[1] / "docs" / "formats.md").read_text(encoding="utf-8")
+        table = page[page.index("## manifest.json") :].split("\n\n")[2]
+        rows = {
+            row.split(" | ")[0].strip("| "): row.split(" | ", 1)[1]
+            for row in table.splitlines()
+            if row.startswith("| `")
+        }
+        documented = lambda key: next(  # noqa: E731
+            (text for names, text in rows.items() if f"`{key}`" in names.split(", ")), None
+        )
+        described = {
+            "counts.mixture_left_out": documented("counts.mixture_left_out"),
+            "counts.mixture_repeats": documented("counts.mixture_repeats"),
+            "excluded.mixture_left_out": documented("excluded.mixture_left_out"),
+            "mixture": documented("mixture"),
+            "mixture.sources": documented("mixture.sources"),
+            "mixture.windows": documented("mixture.windows"),
+            "mixture.window_shares": documented("mixture.window_shares"),
+        }
+        assert None not in described.values(), described
+        for key in ("counts.mixture_left_out", "excluded.mixture_left_out", "mixture"):
+            assert described[key].startswith("only when the run mixes its inputs"), key
+        for key in mixture:
+            assert f"`{key}`" in described["mixture"], key
+        for key in mixture["sources"][0]:
+            assert f"`{key}`" in described["mixture.sources"], key
+        for key in mixture["windows"]:
+            assert f"`{key}`" in described["mixture.windows"] + described["mixture.sources"], key
+        plain = run_cli("pack", first, "-o", tmp_path / "plain", "--pack-size", 256, cwd=tmp_path)
+        assert plain.returncode == 0, plain.stderr
+        unmixed = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+        assert "mixture" not in unmixed and "mixture_left_out" not in unmixed["excluded"]
+        assert not {"mixture_left_out", "mixture_repeats"} & unmixed["counts"].keys()
+
     def test_two_workers_write_the_same_files_as_one(self, tmp_path, corpus):
         digests = []
         for workers in (1, 2):
@@ -167,6 +214,10 @@ class TestPack:
         for option in ("--output", "--pack-size", "--tokenizer", "--format", "--skip-bad-lines"):
             assert option in result.stdout
         assert not (tmp_path / "packed-demo").exists(), "--help must not run the demo"
+        seed = re.search(r"--seed\s.*?\[default: 0\]", result.stdout, re.S).group(0)
+        text = " ".join(seed.replace("│", " ").split())  # --seed seeds the mixture too (docs/mixtures.md)
+        said = "Seed of first_fit_shuffle and, with --weights, of the mixture's subsampling and of the order"
+        assert f"{said} of each pass over a source (docs/mixtures.md)." in text, text
 
 
 class TestUserErrors:
@@ -257,8 +308,8 @@ class TestUserErrors:
             pytest.param(
                 ["{inputs}/good.jsonl", "{inputs}/good.jsonl", "-o", "out", "--pack-size", "64"],
                 r"^error: input '.*good\.jsonl' is given twice as '.*good\.jsonl': it would be packed "
-                r"twice; give each input once \(repeating a dataset on purpose will come with dataset "
-                r"weights\)$",
+                r"twice; give each input once; to up-sample a dataset on purpose, give it a larger share "
+                r"with --weights \.\.\. --max-repetitions \(docs/mixtures\.md\)$",
                 id="same-input-twice",
             ),
             pytest.param(

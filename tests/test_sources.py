@@ -288,7 +288,9 @@ def test_the_same_dataset_given_twice_is_an_error(tmp_path):
     dataset = datasets.Dataset.from_list([{"input": "q", "output": "a"}])
     with pytest.raises(
         TightpackError,
-        match=r"^input 'dataset in memory' is given twice as 'dataset in memory': it would be packed twice",
+        match=r"^input 'dataset in memory' is given twice as 'dataset in memory': it would be packed twice; "
+        r"give each input once; to up-sample a dataset on purpose, give it a larger share with "
+        r"MixtureConfig\(weights=\.\.\., max_repetitions=\.\.\.\) \(docs/mixtures\.md\)$",
     ):
         open_sources([dataset, dataset])
     dataset.save_to_disk(str(tmp_path / "saved"))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
 import re
 import shlex
 from enum import Enum
@@ -14,8 +16,9 @@ import typer
 from rich.table import Table
 
 from tightpack.cli.app import app, stderr, stdout
-from tightpack.core.blend_weights import BlendPlan, FolderStats, plan_blend
+from tightpack.core.blend_weights import BlendPlan, FolderStats, plan_blend, written_weights
 from tightpack.core.mixture import MIX_BY
+from tightpack.core.pack_manifest import PackedData, locate_packed
 from tightpack.errors import TightpackError
 
 MixBy = Enum("MixBy", {value: value for value in MIX_BY}, type=str)
@@ -29,8 +32,9 @@ def blend(
     targets: Annotated[
         list[str],
         typer.Argument(
-            help="FOLDER=SHARE for each packed folder: its target share of the --mix-by measure (any "
-            "positive numbers; they are normalised).",
+            help="FOLDER=SHARE for each packed folder (or Parquet file or glob, as "
+            "packed_train_data_blend takes): its target share of the --mix-by measure (any positive "
+            "numbers; they are normalised).",
             show_default=False,
         ),
     ],
@@ -60,9 +64,11 @@ def blend(
     a bad share).
     """
     names, shares = _parse_targets(targets)
+    located = [locate_source(name) for name in names]
+    _check_distinct(names, located)
     folders = []
-    for name in names:
-        folder, note = read_folder_stats(name)
+    for name, where in zip(names, located, strict=True):
+        folder, note = read_folder_stats(name, where)
         folders.append(folder)
         if note:
             stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
@@ -92,8 +98,6 @@ def _parse_targets(targets: list[str]) -> tuple[list[str], list[float]]:
         if not (math.isfinite(share) and share > 0):
             hint = " (leave the folder out instead of giving it 0)" if math.isfinite(share) else ""
             raise TightpackError(f"the share of {name} must be a positive number, got {text!r}{hint}")
-        if name in names:
-            raise TightpackError(f"{name} is given twice: give each folder one share")
         names.append(name)
         shares.append(share)
     if len(names) < 2:
@@ -116,25 +120,53 @@ def parse_shares(text: str | None, flag: str) -> list[float] | None:
     return shares
 
 
-def read_folder_stats(path: str) -> tuple[FolderStats, str | None]:
+def locate_source(path: str) -> PackedData:
+    """The packs of a blend source: a packed folder, a Parquet file or a glob of them, resolved as
+    ``tightpack validate`` resolves ``packed_train_data_blend``'s sources (`locate_packed`).
+
+    Raises:
+        TightpackError: ``path`` does not exist or names no packed data.
+    """
+    try:
+        return locate_packed(path)
+    except TightpackError as error:
+        if not glob.has_magic(path) and not Path(path).exists():
+            raise TightpackError(f"{path}: no such packed folder or Parquet file") from None
+        raise TightpackError(f"{path} is not packed data: {error}") from None
+
+
+def _check_distinct(names: list[str], located: list[PackedData]) -> None:
+    """Refuse a source given twice: the same files, however spelled (``d``, ``./d``, ``d/*.parquet``),
+    or files two sources share."""
+    seen: dict[str, str] = {}  # a resolved file: the first source that names it
+    for name, where in zip(names, located, strict=True):
+        files = {os.path.realpath(file) for file in where.files}
+        earlier = {seen[file] for file in files if file in seen}
+        if earlier:
+            first = next(other for other in names if other in earlier)
+            if first == name:
+                raise TightpackError(f"{name} is given twice: give each folder one share")
+            same = files == {file for file, source in seen.items() if source == first}
+            how = "names the same packs as" if same else "shares packed files with"
+            raise TightpackError(f"{name} {how} {first}: give each folder one share")
+        seen.update(dict.fromkeys(files, name))
+
+
+def read_folder_stats(path: str, located: PackedData | None = None) -> tuple[FolderStats, str | None]:
     """What the packed folder ``path`` holds: from its manifest, else from its rows (and a note saying so).
+
+    Args:
+        path: a packed folder, a Parquet file or a glob of them.
+        located: its packs (`locate_source`), when found already.
 
     Raises:
         TightpackError: ``path`` does not exist or holds no packed data.
     """
-    from tightpack.core.pack_manifest import MANIFEST_NAME, read_manifest
-    from tightpack.core.paths import packed_dataset_files
+    from tightpack.core.pack_manifest import read_manifest
 
-    folder = Path(path)
-    if not folder.exists():
-        raise TightpackError(f"{path}: no such packed folder")
-    try:
-        files = packed_dataset_files(path)
-    except TightpackError as error:
-        raise TightpackError(f"{path} is not a packed folder: {error}") from None
-    manifest = (folder if folder.is_dir() else Path(files[0]).parent) / MANIFEST_NAME
-    if manifest.is_file():
-        return FolderStats.from_manifest(read_manifest(manifest), str(manifest)), None
+    located = located or locate_source(path)
+    if located.manifest is not None:
+        return FolderStats.from_manifest(read_manifest(located.manifest), str(located.manifest)), None
     from tightpack.reports.summary import read_pack_arrays
 
     arrays = read_pack_arrays(path)
@@ -172,7 +204,7 @@ def blend_override(plan: BlendPlan, *, samples: int | None) -> str:
 
 
 def _weights(plan: BlendPlan) -> list[float]:
-    return [float(f"{weight:.6g}") for weight in plan.weights]
+    return written_weights(plan.weights)
 
 
 def _hydra_string(text: str) -> str:
@@ -205,7 +237,7 @@ def _print_plan(plan: BlendPlan, folders: list[FolderStats], samples: int | None
             f"{folder.per_pack(plan.by):,.1f}",
             f"{plan.targets[index]:.1%}",
             f"{weights[index]:g}",
-            f"{plan.drawn[index]:,.0f}",
+            f"{plan.drawn[index]:,}",
             f"{plan.passes[index]:.2f}",
         )
     stdout.print(table)

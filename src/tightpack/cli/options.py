@@ -91,6 +91,13 @@ TemplateVars = Annotated[
     ),
 ]
 Seed = Annotated[int, typer.Option(help="Seed of first_fit_shuffle.")]
+PackSeed = Annotated[
+    int,
+    typer.Option(
+        help="Seed of first_fit_shuffle and, with --weights, of the mixture's subsampling and of the order "
+        "of each pass over a source (docs/mixtures.md)."
+    ),
+]
 Reuse = Annotated[
     bool,
     typer.Option(

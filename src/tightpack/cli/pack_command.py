@@ -129,7 +129,7 @@ def pack(
     mix_packs: mixing.MixPacks = None,
     mix_window: mixing.MixWindow = 64,
     mix_tolerance: mixing.MixTolerance = None,
-    seed: options.Seed = 0,
+    seed: options.PackSeed = 0,
     reuse: options.Reuse = True,
     skip_bad_lines: options.SkipBadLines = False,
     output_format: Annotated[

@@ -67,6 +67,36 @@ def metadata_near(folder: Path) -> Path | None:
 
 
 @dataclass(frozen=True)
+class PackedData:
+    """Where the packs of a packed data path are (`locate_packed`).
+
+    Attributes:
+        files: the shard files, sorted (`tightpack.core.paths.packed_dataset_files`).
+        folder: the folder the path names, else the one its first file sits in.
+        manifest: that folder's ``manifest.json``; None when it has none (Megatron-Bridge's packs).
+    """
+
+    files: list[str]
+    folder: Path
+    manifest: Path | None
+
+
+def locate_packed(path: str | os.PathLike) -> PackedData:
+    """The files of a packed folder, Parquet file or glob and the manifest that describes them, as
+    ``tightpack validate`` reads a configuration's packed paths and ``tightpack blend`` its folders.
+
+    Raises:
+        TightpackError: the path names no packed data (the message says why).
+    """
+    from tightpack.core.paths import packed_dataset_files
+
+    files = packed_dataset_files(path)
+    folder = Path(path) if Path(path).is_dir() else Path(files[0]).parent
+    manifest = folder / MANIFEST_NAME
+    return PackedData(files, folder, manifest if manifest.is_file() else None)
+
+
+@dataclass(frozen=True)
 class Recorded:
     """One value the packs record, and where: ``Recorded(2, "tokenizer.eos_id of packs/manifest.json")``."""
 

@@ -256,9 +256,15 @@ def _check_given_once(key: Any, what: str, argument: str, given: dict[Any, str])
     first = given[key]
     how = f"twice as {first!r}" if first == argument else f"by both {first!r} and {argument!r}"
     raise TightpackError(
-        f"input {what!r} is given {how}: it would be packed twice; give each input once "
-        "(repeating a dataset on purpose will come with dataset weights)"
+        f"input {what!r} is given {how}: it would be packed twice; give each input once; to up-sample a "
+        f"dataset on purpose, give it a larger share with {_UPSAMPLE} (docs/mixtures.md)",
+        parameters=(_UPSAMPLE,),
     )
+
+
+_UPSAMPLE = "MixtureConfig(weights=..., max_repetitions=...)"
+"""How to repeat a dataset on purpose, in Python; the command line says ``--weights ... --max-repetitions``
+(`tightpack.cli.flags.FLAGS`)."""
 
 
 def _expand(item: str | Path) -> list[Path]:

@@ -13,6 +13,7 @@ which Megatron-Core cannot read (it reads indexed ``PREFIX.bin``/``PREFIX.idx`` 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tightpack.config import Finding, GPTDatasetConfig, RunConfig
-from tightpack.core.blend_weights import FolderStats, blend_shares, blend_weights
+from tightpack.core.blend_weights import FolderStats, blend_counts, blend_shares, blend_weights
 from tightpack.core.mixture import MIX_BY
 from tightpack.core.pack_manifest import MANIFEST_NAME
 from tightpack.errors import TightpackError
@@ -105,7 +106,9 @@ def check_blend(context: CheckContext, splits: list[CheckedSplit]) -> None:
         f"one of {source} {folder.per_pack(by):,.0f}" for source, folder in zip(sources, folders, strict=True)
     )
     meant_as = "the --blend-targets" if targets is not None else "the weights"
-    command = " ".join(f"{source}={share:.6g}" for source, share in zip(sources, meant, strict=True))
+    command = " ".join(
+        shlex.quote(f"{source}={share:.6g}") for source, share in zip(sources, meant, strict=True)
+    )
     also = (
         ""
         if targets is not None
@@ -131,15 +134,16 @@ def _shares_note(weights, folders: list[FolderStats], sources: list[str]) -> str
 
 
 def _passes_note(context: CheckContext, sources: list[str], weights, folders: list[FolderStats]) -> str:
-    """What a blend of the configured size draws: each folder's packs and passes over it."""
-    weights = np.asarray(weights) / sum(weights)
+    """What a blend of the configured size draws: each folder's packs (Megatron-Core's counts,
+    `blend_counts`) and passes over it."""
     dataset = context.config.dataset
     configured = getattr(dataset, "max_train_samples", None)
     size = configured or sum(folder.packs for folder in folders)
     origin = "max_train_samples" if configured else "the folders' packs summed, without max_train_samples"
+    counts = blend_counts(weights, size)
     drawn = [
-        f"{source} {weight * size:,.0f} of {folder.packs:,} packs ({weight * size / folder.packs:.2f} passes)"
-        for source, weight, folder in zip(sources, weights, folders, strict=True)
+        f"{source} {count:,} of {folder.packs:,} packs ({count / folder.packs:.2f} passes)"
+        for source, count, folder in zip(sources, counts, folders, strict=True)
     ]
     return f"blend of {size:,} packs ({origin}): {'; '.join(drawn)}"
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tightpack.core.pack_manifest import (
-    MANIFEST_NAME,
     METADATA_NAME,
+    locate_packed,
     metadata_near,
     read_manifest,
     read_metadata,
 )
-from tightpack.core.paths import packed_dataset_files
 from tightpack.errors import TightpackError
 from tightpack.stale_packs.context import CheckContext, CheckedSplit, split_attr
 from tightpack.stale_packs.rules import SPECS
@@ -21,7 +20,7 @@ def open_split(context: CheckContext, name: str, path: str) -> CheckedSplit | No
     """The split at ``path`` with what its manifest records; None (and a D1 error) when it names no packs."""
     where = "--packed" if name == "packed" else f"{SPECS}.{split_attr(name)}"
     try:
-        files = packed_dataset_files(path)
+        located = locate_packed(path)
     except TightpackError as error:
         context.add(
             "D1",
@@ -32,10 +31,10 @@ def open_split(context: CheckContext, name: str, path: str) -> CheckedSplit | No
             f"--output {path}.",
         )
         return None
-    folder = Path(path) if Path(path).is_dir() else Path(files[0]).parent
-    if not (folder / MANIFEST_NAME).is_file():
+    files, folder = located.files, located.folder
+    if located.manifest is None:
         return CheckedSplit(name, path, files, folder)
-    manifest = read_manifest(folder / MANIFEST_NAME)
+    manifest = read_manifest(located.manifest)
     settings = manifest["settings"]
     stats = manifest.get("stats", {})
     recorded = {
