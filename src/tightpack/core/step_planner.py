@@ -334,6 +334,24 @@ def _even_out(rank_of: np.ndarray, batch_of: np.ndarray, opened: np.ndarray, tar
         opened[short] += 1
 
 
+def check_budget(lengths: np.ndarray, multiple: int, max_tokens: int, names: Sequence | None = None) -> None:
+    """Raise naming the first sequence whose aligned length is above ``max_tokens`` (``names[i]``, a
+    sample's key, or its place ``i``), its tokens, how many such there are, and the way out."""
+    aligned = lengths if multiple == 1 else ceil_to_multiple(lengths, multiple)
+    too_long = np.flatnonzero(aligned > max_tokens)
+    if len(too_long):
+        first = too_long[0]
+        name = f"sequence {first}" if names is None else f"sample {names[first]!r}"
+        size = f"{lengths[first]} tokens" + (
+            f" ({aligned[first]} aligned to pad_to_multiple_of={multiple})" if multiple > 1 else ""
+        )
+        raise TightpackError(
+            f"{name} has {size}, over max_tokens={max_tokens} ({len(too_long)} such in this step); raise "
+            "max_tokens or pass allow_oversize=True to give such a sequence a micro-batch of its own",
+            parameters=("max_tokens", "allow_oversize"),
+        )
+
+
 def plan_step(
     lengths: Sequence[int] | np.ndarray,
     data_parallel_size: int,
@@ -411,18 +429,7 @@ def plan_step(
             f"of {lengths[over[0]]}"
         )
     if max_tokens is not None and not allow_oversize:
-        too_long = np.flatnonzero(aligned > max_tokens)
-        if len(too_long):
-            first = too_long[0]
-            size = f"{lengths[first]} tokens" + (
-                f" ({aligned[first]} aligned to pad_to_multiple_of={multiple})" if multiple > 1 else ""
-            )
-            raise TightpackError(
-                f"sequence {first} has {size}, over max_tokens={max_tokens} ({len(too_long)} such in all); "
-                "raise max_tokens or pass allow_oversize=True to give such a sequence a micro-batch of "
-                "its own",
-                parameters=("max_tokens", "allow_oversize"),
-            )
+        check_budget(lengths, multiple, max_tokens)
     model = None if cost_model is None else CostModel.resolve(cost_model)
     costs = aligned.astype(np.float64) if model is None else model.sequence_costs(aligned)
     if groups is None:

@@ -35,9 +35,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tightpack.core.alignment import ceil_to_multiple
 from tightpack.core.cost_model import CostModel
-from tightpack.core.step_planner import LossDenominators, StepPlan, plan_step
+from tightpack.core.step_planner import LossDenominators, StepPlan, check_budget, plan_step
 from tightpack.errors import TightpackError
 from tightpack.runtime.in_batch import pack_samples
 
@@ -234,20 +233,8 @@ class GlobalBatchPacker:
 
     def _check_sizes(self, keys: list[Any], lengths: np.ndarray) -> None:
         """Raise naming the first sample above ``max_tokens`` (every rank sees the same pool)."""
-        budget, multiple = self.planning["max_tokens"], self.planning["pad_to_multiple_of"]
-        aligned = ceil_to_multiple(lengths, multiple)
-        over = np.flatnonzero(aligned > budget) if budget and not self.planning["allow_oversize"] else []
-        if len(over):
-            first = over[0]
-            size = f"{lengths[first]} tokens" + (
-                f" ({aligned[first]} aligned to pad_to_multiple_of={multiple})" if multiple > 1 else ""
-            )
-            raise TightpackError(
-                f"sample {keys[first]!r} has {size}, over max_tokens={budget} ({len(over)} such in this "
-                "step); raise max_tokens or pass allow_oversize=True to give such a sample a micro-batch of "
-                "its own",
-                parameters=("max_tokens", "allow_oversize"),
-            )
+        if self.planning["max_tokens"] and not self.planning["allow_oversize"]:
+            check_budget(lengths, self.planning["pad_to_multiple_of"], self.planning["max_tokens"], keys)
 
     def _samples(self, mine: list[dict], pool: list[tuple], plan: StepPlan, first: int) -> dict[int, dict]:
         """This rank's samples of the step, by their place in the pool (this rank's start at ``first``)."""
