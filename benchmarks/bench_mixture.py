@@ -20,7 +20,7 @@ The user asks for 50/30/20 and writes the weights ``0.5, 0.3, 0.2``. On the same
 
 - ``tightpack``: `resolve_mixture` by supervised tokens (about ``--total-tokens`` runtime tokens at every
   pack size, each source repeated at most ``--max-repetitions`` times or subsampled by seed), then
-  `plan_mixture` with its defaults (window 64 packs, lookahead 256).
+  `plan_mixture` with its defaults (window 64 packs, chunks of 1,024 packs, lookahead 64).
 - ``Megatron: blend rows, then pack`` (Megatron-Bridge's raw-JSONL blend, row ratios, #5951): the weights
   read as Megatron-Core's ``BlendedDataset`` reads them, per sample. Its index is deterministic: sample
   ``i`` goes to the dataset whose error ``weight * max(i, 1) - samples taken so far`` is largest

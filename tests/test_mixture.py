@@ -15,6 +15,7 @@ from tightpack.core.mixture_plan import (
     MixtureWindowError,
     interleave,
     order_packs,
+    pack_chunks,
     plan_mixture,
     window_deviation,
 )
@@ -220,6 +221,7 @@ def test_plan_mixture_packs_every_entry_once_within_the_pack_and_reports_its_wor
     for pack in range(len(plan)):
         members = slice(plan.offsets[pack], plan.offsets[pack + 1])
         assert lengths[plan.order[members]].sum() <= pack_size
+        assert len(set(plan.order[members].tolist())) == len(plan.order[members])  # no sample twice
         np.add.at(composition[pack], mixed.source[members], measure[plan.order[members]])
     assert np.array_equal(source[plan.order], mixed.source)
     assert np.allclose(composition, mixed.composition)
@@ -250,6 +252,26 @@ def test_plan_mixture_packs_every_entry_once_within_the_pack_and_reports_its_wor
             measure[kept.plan.order],
         )
         assert brute_worst_window(kept_composition, chosen.targets, window) <= tolerance + 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), st.integers(1, 30)), min_size=0, max_size=80),
+    st.integers(5, 120),
+    st.integers(0, 3),
+)
+def test_pack_chunks_packs_every_entry_once_and_no_chunk_holds_a_sample_twice(entries, chunk_tokens, seed):
+    """Every entry once, every pack within its size, and no pack holding one sample twice, whatever
+    the repetitions (a later copy moves on to the next chunk, and chunks are packed apart)."""
+    samples = np.array([sample for sample, _ in entries], dtype=np.int64)
+    by_sample = {}
+    lengths = np.array([by_sample.setdefault(sample, length) for sample, length in entries], dtype=np.int64)
+    plan = pack_chunks(samples, lengths, 30, chunk_tokens, seed)
+    assert sorted(plan.order.tolist()) == list(range(len(entries)))
+    for pack in plan:
+        assert lengths[pack].sum() <= 30
+        assert len(set(samples[pack].tolist())) == len(pack)
+    assert pack_chunks(samples, lengths, 30, chunk_tokens, seed).order.tolist() == plan.order.tolist()
 
 
 def test_windows_of_a_long_mixture_hold_where_source_order_does_not():

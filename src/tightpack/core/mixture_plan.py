@@ -9,14 +9,15 @@ steps:
    pace with its share: a sample's place is its source's running measure up to it, divided by the
    source's target share (a weighted fair queue). Within a source the samples come in a seeded
    shuffled order, one repetition after the other.
-2. **Pack in stream order** (`pack_stream`): first fit over the stream, so a pack holds samples of
-   one stretch of the stream, and a later pack from a later stretch; and a second plan that sorts
-   each stretch of a window's tokens longest first, which fills better where long samples leave
-   gaps.
+2. **Pack in chunks** (`pack_chunks`): the stream is cut into chunks of about ``chunk_packs`` packs'
+   tokens (at most half of the most repeated source's pass, and a later copy of a sample already in
+   the chunk moves to the next chunk, so no chunk and no pack holds a sample twice); each chunk is
+   packed apart, first fit with the large samples longest first and the small ones after them in
+   stream order (first fit decreasing over all where that saves more), and its packs are shuffled.
+   A chunk holds the mixture, as every stretch of the stream does, and fills about as a packing of
+   the whole would.
 3. **Order the packs** (`order_packs`): from a pool of the next ``lookahead`` packs, take the one
    that keeps the running deviation from the targets smallest.
-4. **Choose**: the sorted plan when it saves more than `SORTED_SAVES` of the packs, else the stream
-   order; with ``tolerance``, the other one too when the first strays past it.
 
 What is guaranteed is what is measured: `window_deviation` counts, over every window of ``window``
 consecutive packs, each source's share against its target, exactly; the plan carries the worst
@@ -42,7 +43,7 @@ __all__ = [
     "WindowDeviation",
     "interleave",
     "order_packs",
-    "pack_stream",
+    "pack_chunks",
     "plan_mixture",
     "window_deviation",
 ]
@@ -50,12 +51,21 @@ __all__ = [
 DEFAULT_WINDOW = 64
 """Packs per window whose shares `plan_mixture` reports by default (a global batch of 64 packs)."""
 
-DEFAULT_LOOKAHEAD = 256
+DEFAULT_LOOKAHEAD = 64
 """Packs `order_packs` chooses among at each step."""
 
+SMALL_SHARE = 4
+"""`pack_chunks` places a sample of at most ``1 / SMALL_SHARE`` of the pack in stream order, after the
+larger ones (longest first): gaps fill as well, and the packs the small samples make alone hold the
+sources in the stream's proportions instead of the shortest source alone."""
+
 SORTED_SAVES = 0.002
-"""`plan_mixture` packs sorted stretches of the stream when that saves more than this share of the
-packs (0.2%), and keeps the stream's order otherwise."""
+"""`pack_chunks` packs a chunk first fit decreasing, small samples sorted too, only when that saves
+more than one pack and more than this share of its packs (0.2%)."""
+
+DEFAULT_CHUNK_PACKS = 1024
+"""Packs' worth of stream tokens `pack_chunks` packs together (best-fit decreasing); a chunk ends
+a pack or so below full, so larger chunks fill better and smaller ones follow the stream closer."""
 
 
 class MixtureWindowError(TightpackError):
@@ -123,6 +133,7 @@ def plan_mixture(
     *,
     window: int = DEFAULT_WINDOW,
     lookahead: int = DEFAULT_LOOKAHEAD,
+    chunk_packs: int = DEFAULT_CHUNK_PACKS,
     tolerance: float | None = None,
     max_packs: int | None = None,
     seed: int = 0,
@@ -138,10 +149,11 @@ def plan_mixture(
         pack_size: tokens per pack.
         window: packs per window whose shares are measured (a global batch).
         lookahead: packs `order_packs` chooses among.
+        chunk_packs: packs' worth of the stream packed together (`pack_chunks`).
         tolerance: percentage points: a window further than this from a target is an error.
         max_packs: keep the first packs only (a target pack count); the prefix holds the mixture
             as every window does.
-        seed: seeds the interleave.
+        seed: seeds the interleave and the shuffle of each chunk's packs.
         names: the sources' names, for messages.
 
     Raises:
@@ -157,27 +169,14 @@ def plan_mixture(
     (20, [0.5, 0.5], 0.0)
     """
     targets = selection.targets
+    sources = len(targets)
     entry_measure = np.asarray(measure, dtype=np.float64)[selection.samples]
     stream = interleave(entry_measure, selection.source, selection.repetition, targets, seed)
-    stream_lengths = np.asarray(lengths)[selection.samples[stream]]
-    in_order = pack_stream(stream_lengths, pack_size)
-    stretches_sorted = pack_stream(stream_lengths, pack_size, sorted_packs=window)
-    preferred, other = in_order, stretches_sorted  # stream order, unless sorting saves packs
-    if len(stretches_sorted) < len(in_order) * (1 - SORTED_SAVES):
-        preferred, other = stretches_sorted, in_order
-    chosen = None
-    for packed in (preferred, other):  # the other plan only when the preferred one misses the tolerance
-        chosen = _candidate(packed, stream, selection, entry_measure, window, lookahead, max_packs)
-        if tolerance is None or chosen.windows.points <= tolerance:
-            return chosen
-    raise _window_error(chosen, targets, tolerance, names)
-
-
-def _candidate(packed, stream, selection, entry_measure, window, lookahead, max_packs) -> MixturePlan:
-    """A plan of the mixture from packs of the stream: ordered (`order_packs`), cut to ``max_packs``,
-    its worst window counted."""
-    targets = selection.targets
-    sources = len(targets)
+    stream_samples = selection.samples[stream]
+    stream_lengths = np.asarray(lengths)[stream_samples]
+    most_repeated = float(selection.repetitions.max(initial=1.0))
+    chunk_tokens = min(chunk_packs * pack_size, int(stream_lengths.sum() / (2 * most_repeated)))
+    packed = pack_chunks(stream_samples, stream_lengths, pack_size, chunk_tokens, seed)
     entries = stream[packed.order]  # entries, pack by pack
     packs = len(packed)
     pack_of = np.repeat(np.arange(packs), packed.pack_sizes)
@@ -193,8 +192,12 @@ def _candidate(packed, stream, selection, entry_measure, window, lookahead, max_
     plan = PackPlan(
         order=selection.samples[entries], offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     )
-    windows = window_deviation(composition, targets, window)
-    return MixturePlan(plan, selection.source[entries], composition, targets, windows)
+    mixed = MixturePlan(
+        plan, selection.source[entries], composition, targets, window_deviation(composition, targets, window)
+    )
+    if tolerance is not None and mixed.windows.points > tolerance:
+        raise _window_error(mixed, targets, tolerance, names)
+    return mixed
 
 
 def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> MixtureWindowError:
@@ -211,28 +214,74 @@ def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> Mixtur
     )
 
 
-def pack_stream(lengths: np.ndarray, pack_size: int, sorted_packs: int = 0) -> PackPlan:
-    """Packs of a stream, filled in stream order: first fit (`plan_packs`), each entry into the first
-    pack with room. With ``sorted_packs``, the stream is first cut into stretches of that many packs'
-    tokens and each stretch sorted longest first (first fit decreasing within a stretch): fuller
-    packs where long entries would leave gaps, at the price of entries moving within their stretch.
-    ``lengths``: int ``[num_entries]`` in stream order; the plan numbers the stream's positions.
+def pack_chunks(
+    samples: np.ndarray, lengths: np.ndarray, pack_size: int, chunk_tokens: int, seed: int = 0
+) -> PackPlan:
+    """Packs of a stream cut into chunks of ``chunk_tokens`` tokens, each chunk packed apart (first
+    fit, the large samples longest first, the small ones after them in stream order) and its packs
+    shuffled (seeded).
 
-    >>> [pack.tolist() for pack in pack_stream(np.array([3, 6, 4, 7]), 10)]
+    Args:
+        samples: int ``[num_entries]``: the sample of each entry, in stream order; an entry whose
+            sample is already in its chunk (a repetition) moves to the next chunk, so that no chunk,
+            and so no pack, holds a sample twice.
+        lengths: int ``[num_entries]``: each entry's tokens in the pack.
+        pack_size: tokens per pack.
+        chunk_tokens: the stream's tokens per chunk (at least one).
+        seed: seeds the shuffle of each chunk's packs.
+
+    Returns the packs, chunk after chunk, over stream positions.
+
+    >>> plan = pack_chunks(np.array([0, 1, 2, 3]), np.array([3, 6, 4, 7]), 10, chunk_tokens=9)
+    >>> sorted(sorted(pack.tolist()) for pack in plan)
     [[0, 1], [2], [3]]
-    >>> [pack.tolist() for pack in pack_stream(np.array([3, 6, 4, 7]), 10, sorted_packs=2)]
-    [[3, 0], [1, 2]]
+    >>> [pack.tolist() for pack in pack_chunks(np.array([5, 5]), np.array([1, 1]), 10, 100)]
+    [[0], [1]]
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    if not sorted_packs:
-        return plan_packs(lengths, pack_size, algorithm="first_fit")
-    stretch = (np.cumsum(lengths) - lengths) // (sorted_packs * pack_size)
-    longest = int(lengths.max(initial=0)) + 1
-    order = np.argsort(
-        stretch * longest + (longest - 1 - lengths), kind="stable"
-    )  # by stretch, longest first
-    plan = plan_packs(lengths[order], pack_size, algorithm="first_fit")
-    return PackPlan(order=order[plan.order], offsets=plan.offsets)
+    samples = np.asarray(samples, dtype=np.int64)
+    chunk = (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1)
+    span = int(samples.max(initial=0)) + 1
+    while len(samples):  # a repetition in its chunk moves on (a few rounds: a chunk is under half a pass)
+        _, first = np.unique(chunk * span + samples, return_index=True)
+        repeated = np.ones(len(samples), dtype=bool)
+        repeated[first] = False
+        if not repeated.any():
+            break
+        chunk[repeated] += 1
+    by_chunk = np.argsort(chunk, kind="stable")
+    bounds = np.searchsorted(chunk[by_chunk], np.arange(int(chunk.max(initial=-1)) + 2))
+    rng = np.random.default_rng([seed, len(samples)])
+    orders, sizes = [], []
+    for first, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        part = by_chunk[first:stop]
+        if not len(part):
+            continue
+        part, plan = _pack_chunk(part, lengths[part], pack_size)
+        shuffled = rng.permutation(len(plan))
+        part_sizes = plan.pack_sizes[shuffled]
+        orders.append(part[plan.order[concatenated_ranges(plan.offsets[shuffled], part_sizes)]])
+        sizes.append(part_sizes)
+    order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+    size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+    return PackPlan(order=order, offsets=np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
+
+
+def _pack_chunk(entries: np.ndarray, lengths: np.ndarray, pack_size: int) -> tuple[np.ndarray, PackPlan]:
+    """A chunk's packs: first fit with the samples over ``1 / SMALL_SHARE`` of the pack longest first
+    and the small ones after them in stream order (packs the small ones make alone then hold every
+    source's small samples, not the shortest source's), unless first fit decreasing over all needs
+    fewer packs, by more than one and `SORTED_SAVES` of them. Returns the entries in the order the
+    plan numbers them, and the plan."""
+    small = lengths * SMALL_SHARE <= pack_size
+    mixed = np.lexsort((np.where(small, 0, -lengths), small))  # large ones longest first, then small
+    plan = plan_packs(lengths[mixed], pack_size, algorithm="first_fit")
+    if small.any():
+        decreasing = np.argsort(-lengths, kind="stable")
+        tighter = plan_packs(lengths[decreasing], pack_size, algorithm="first_fit")
+        if len(tighter) < min(len(plan) - 1, len(plan) * (1 - SORTED_SAVES)):
+            return entries[decreasing], tighter
+    return entries[mixed], plan
 
 
 def window_deviation(composition: np.ndarray, targets: np.ndarray, window: int) -> WindowDeviation:

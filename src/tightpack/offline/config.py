@@ -196,7 +196,7 @@ class PackConfig:
             ),
             "algorithm": (
                 self.algorithm != "bfd",
-                "the mixture packs in its own order (first fit over the interleaved stream)",
+                "the mixture packs in its own order (chunks of the interleaved stream, packed apart)",
             ),
             "format": (self.packs_units, "mixtures of preference units are not supported yet"),
         }
