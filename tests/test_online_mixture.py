@@ -10,6 +10,7 @@ medium rows between them.
 from __future__ import annotations
 
 import copy
+import re
 from collections import Counter
 from functools import cache
 
@@ -366,3 +367,89 @@ def test_sources_and_uses_that_cannot_work_are_refused():
         OnlinePacker(stream("short"), config()).mixture_stats()
     with pytest.raises(TightpackError, match="the pack has no 'sources'"):
         MixtureStats(["a"], [1.0], mix_by="tokens").add({"cu_seqlens_q": torch.tensor([0, 4])})
+
+
+EMPTY_STREAM = (
+    "long yielded no sample on its first pass: the stream source(start, stride) is empty, so it can hold "
+    "no share of the mixture; leave it out of the mixture, or check what it reads (its path, its split, "
+    "its filter)"
+)
+NOT_REITERABLE = (
+    "a source read more than once (max_repetitions > 1, or another epoch) must be re-iterable: each call "
+    "source(start, stride) must return a new iterator from position start (a generator function, not one "
+    "generator handed back again); make it so, or set max_repetitions=1 and read it for one epoch"
+)
+
+
+@pytest.mark.parametrize("on_exhausted", ["stop", "continue"])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_empty_stream_is_refused_where_its_first_pass_ends(first, on_exhausted, rank):
+    # Before: under "stop" the mixture yielded nothing (or one sample), under "continue" the empty
+    # source's weight was dropped; both without a word. Rank 1 of 2 reads positions 1, 3, ...: it asks
+    # for position 0 to tell an empty stream from a short one.
+    sources, names = [stream("long", size=0), Rows("short", size=40)], ["long", "short"]
+    if not first:
+        sources, names = sources[::-1], names[::-1]
+    mixture = WeightedSources(sources, [1, 1], names=names, max_repetitions=2, on_exhausted=on_exhausted)
+    packer = OnlinePacker(mixture, config(), rank=rank, world_size=2)
+    with pytest.raises(TightpackError, match=f"^{re.escape(EMPTY_STREAM)}$"):
+        list(packer)
+
+
+def test_a_stream_shorter_than_the_shards_is_spent_in_the_shards_past_its_end_like_a_list():
+    # One sample, two ranks: rank 1 has no part of it, in every pass, as with a map-style source of one
+    # row (no error: the stream is not empty); rank 0 reads it once per repetition.
+    def packs(long, rank: int) -> tuple[list, tuple[str, ...]]:
+        mixture = WeightedSources(
+            [Rows("short", size=40), long],
+            [1, 1],
+            names=NAMES[:2],
+            max_repetitions=2,
+            on_exhausted="continue",
+        )
+        packer = OnlinePacker(mixture, config(), rank=rank, world_size=2)
+        return as_lists(packer), packer.mixture_stats().exhausted
+
+    for rank in (0, 1):
+        assert packs(stream("long", size=1), rank) == packs(Rows("long", size=1), rank)
+    keys = [key for pack in packs(stream("long", size=1), 0)[0] for key in pack[0]]
+    assert keys.count("long-0") == 2
+    keys = [key for pack in packs(stream("long", size=1), 1)[0] for key in pack[0]]
+    assert len(keys) == 40 and not any(key.startswith("long") for key in keys)
+
+
+def one_shot(name: str, size: int):
+    """A stream that hands back one generator on every call: right on its first pass, empty after."""
+    rows = stream(name, size)(0, 1)
+    return lambda start, stride: rows
+
+
+@pytest.mark.parametrize("on_exhausted", ["stop", "continue"])
+def test_a_one_shot_stream_repeated_is_refused_not_counted_as_spent(on_exhausted):
+    # Before: its second pass was empty, so it counted as spent after 10 of its 30 capped reads: the
+    # epoch ended early ("stop") or the source lost its weight ("continue").
+    mixture = WeightedSources(
+        [one_shot("long", 10), Rows("short")],
+        [1, 1],
+        names=["long", "short"],
+        max_repetitions=3,
+        on_exhausted=on_exhausted,
+    )
+    message = "long yielded no sample on its pass 2 of max_repetitions=3 although its first pass did: "
+    message += NOT_REITERABLE
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(OnlinePacker(mixture, config()))
+
+
+def test_a_one_shot_stream_read_for_a_second_epoch_is_refused():
+    mixture = WeightedSources([one_shot("long", 10), Rows("short")], [1, 1], names=["long", "short"])
+    packer = OnlinePacker(mixture, config())
+    first = [key for pack in packer for key in pack["keys"]]
+    assert sorted(key for key in first if key.startswith("long")) == sorted(f"long-{i}" for i in range(10))
+    message = (
+        "long yielded no sample on its first pass although it yielded samples before (an earlier epoch "
+        f"or packer): {NOT_REITERABLE}"
+    )
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(packer)

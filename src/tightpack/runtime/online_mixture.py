@@ -27,10 +27,16 @@ reorders them), so a window of packs is the read order's window give or take the
 a ``datasets.Dataset`` with a transform) is read in a seeded shuffled order, a new one per repetition
 (``numpy.random.default_rng([seed, source, repetition])``); ``source[index]`` is a prepared sample,
 prepared when read. A *stream* source is a callable ``source(start, stride)`` as `OnlinePacker` takes
-one, read in order; a repetition reads it again from the start. Prepared samples are the packer's:
-``key``, a 1-D ``input_ids`` and the same optional keys in every source (a pack needs ``labels`` in
-all of its samples or none). Supervised tokens are those with ``loss_mask > 0``, else those whose
-``labels`` are not ``ignore_index``.
+one, read in order; a repetition (and a new epoch) calls it again and reads it from the start, so
+every call must return a new iterator. A stream that yields nothing on its first pass is refused where
+the reader finds it empty (an empty map-style source is refused by `WeightedSources`), and so is one
+that yielded before and then yields nothing (one iterator handed back again), rather than counted as
+spent: either would quietly take the source's share away. A shard whose positions all lie past the
+end of a short, non-empty stream has no part of it, as with a map-style source shorter than the
+number of shards: the source is spent in that shard. Prepared samples are the packer's: ``key``, a
+1-D ``input_ids`` and the same optional keys in every source (a pack needs ``labels`` in all of its
+samples or none). Supervised tokens are those with ``loss_mask > 0``, else those whose ``labels`` are
+not ``ignore_index``.
 
 **The repetition cap.** A source is read at most ``max_repetitions`` times (a fraction: the last
 repetition of a map-style source is the first part of its shuffled order, a seeded subsample). A source
@@ -229,7 +235,9 @@ class WeightedSources:
     Raises:
         TightpackError: a weight per source missing or not positive, an unknown ``mix_by`` or
             ``on_exhausted``, R below 1 (or a fraction for a stream), a source neither map-style nor a
-            callable, an empty map-style source, or names repeated.
+            callable, an empty map-style source, or names repeated. While reading (from the packer): a
+            stream that yields no sample on its first pass, or none on a later pass (or a later epoch)
+            after it yielded some.
 
     >>> import torch
     >>> from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
@@ -279,6 +287,10 @@ class WeightedSources:
             self._length(s, name) for s, name in zip(sources, names, strict=True)
         ]
         self.max_repetitions = self._check_repetitions(max_repetitions)
+        # Streams that yielded a sample in this process (any packer, any epoch): an empty first pass
+        # of one of these is one iterator handed back again, not an empty source; only the message
+        # differs, so a worker process that never saw the first epoch still raises, in other words.
+        self._streamed: set[int] = set()
 
     @staticmethod
     def _length(source: Any, name: str) -> int | None:
@@ -362,13 +374,38 @@ class WeightedSources:
             raise TightpackError(f"the state names source {source}, the mixture has {len(self.sources)}")
         if self.lengths[source] is not None:
             return self.sources[source][where]
-        sample = next(iter(self.sources[source](where, 1)), None)
+        sample = self._stream_sample(source, where)
         if sample is None:
             raise TightpackError(
                 f"{self.names[source]} has no sample at position {where}: the stream changed since the "
                 "checkpoint"
             )
         return sample
+
+    def _stream_sample(self, source: int, position: int) -> dict[str, Any] | None:
+        """The sample at ``position`` of stream ``source``; None past its end."""
+        return next(iter(self.sources[source](position, 1)), None)
+
+    def _empty_pass_error(self, source: int, repetition: int) -> TightpackError:
+        """Why stream ``source`` yielding nothing on repetition ``repetition`` (from 0) cannot go on."""
+        name, cap = self.names[source], self.max_repetitions
+        if repetition > 0 or source in self._streamed:
+            when = (
+                f"on its pass {repetition + 1} of max_repetitions={cap:g} although its first pass did"
+                if repetition > 0
+                else "on its first pass although it yielded samples before (an earlier epoch or packer)"
+            )
+            return TightpackError(
+                f"{name} yielded no sample {when}: a source read more than once (max_repetitions > 1, "
+                "or another epoch) must be re-iterable: each call source(start, stride) must return a "
+                "new iterator from position start (a generator function, not one generator handed back "
+                "again); make it so, or set max_repetitions=1 and read it for one epoch"
+            )
+        return TightpackError(
+            f"{name} yielded no sample on its first pass: the stream source(start, stride) is empty, so "
+            "it can hold no share of the mixture; leave it out of the mixture, or check what it reads "
+            "(its path, its split, its filter)"
+        )
 
     def reader(self, cursor: MixtureCursor, shard: int, shards: int) -> MixtureReader:
         """The samples of shard ``shard`` of ``shards`` from ``cursor`` on (it advances the cursor)."""
@@ -466,7 +503,12 @@ class MixtureReader:
 
     def _read(self, source: int) -> tuple[Origin, dict[str, Any]] | None:
         """The next sample of ``source`` in this shard, beginning its next repetition when one ends;
-        None when it is past its cap."""
+        None when it is past its cap.
+
+        Raises:
+            TightpackError: a stream yields no sample on a pass (`WeightedSources._empty_pass_error`),
+                unless this shard's positions only lie past the end of a non-empty stream.
+        """
         mixture, cursor = self.mixture, self.cursor
         while cursor.repetition[source] < mixture._passes(source):
             position = self.shard + cursor.position[source] * self.shards
@@ -474,8 +516,12 @@ class MixtureReader:
                 sample = next(self._stream(source, position), None)
                 if sample is not None:
                     cursor.position[source] += 1
+                    mixture._streamed.add(source)
                     return (source, position), sample
                 self._streams.pop(source, None)
+                if cursor.position[source] == 0:  # the pass gave this shard nothing
+                    self._empty_pass(source)
+                    return None
             else:
                 order = self._order(source, cursor.repetition[source])
                 if position < len(order):
@@ -485,6 +531,18 @@ class MixtureReader:
             cursor.repetition[source] += 1
             cursor.position[source] = 0
         return None
+
+    def _empty_pass(self, source: int) -> None:
+        """Stream ``source`` gave this shard nothing on its pass: an error, or, when the stream holds
+        samples but none at this shard's positions (fewer than the shards), this shard's part is spent
+        (every pass alike, as with a short map-style source)."""
+        mixture, cursor = self.mixture, self.cursor
+        repetition = cursor.repetition[source]
+        # Shard 0 reads position 0, the stream's first sample; another shard asks for it to tell an
+        # empty stream from one shorter than the shards (only here, once per shard and source).
+        if repetition > 0 or self.shard == 0 or mixture._stream_sample(source, 0) is None:
+            raise mixture._empty_pass_error(source, repetition)
+        cursor.repetition[source] = mixture._passes(source)
 
     def _stream(self, source: int, position: int) -> Iterator[dict[str, Any]]:
         if source not in self._streams:
