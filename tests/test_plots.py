@@ -23,6 +23,7 @@ from tightpack.offline.config import PackConfig
 from tightpack.offline.pipeline import pack_dataset
 from tightpack.prepare.formats import FormatConfig
 from tightpack.reports import plots
+from tightpack.reports.mixture import mixture_figure
 from tightpack.reports.pack_sizes import compare_pack_sizes
 from tightpack.reports.summary import (
     pack_costs,
@@ -108,13 +109,15 @@ def assert_png(data: bytes, size: tuple[int, int]) -> None:
 
 
 class Page(HTMLParser):
-    """Every start tag with its attributes, the table's cells row by row, and the paragraphs."""
+    """Every start tag with its attributes, the tables' cells row by row, the tables' captions, and
+    the paragraphs."""
 
     def __init__(self, text: str):
         super().__init__()
         self.tags: list[tuple[str, dict]] = []
         self.rows: list[list[str]] = []
         self.paragraphs: list[str] = []
+        self.captions: list[str] = []
         self.title = ""
         self._text: list[str] | None = None
         self.feed(text)
@@ -124,7 +127,7 @@ class Page(HTMLParser):
         self.tags.append((tag, dict(attrs)))
         if tag == "tr":
             self.rows.append([])
-        if tag in ("th", "td", "p", "title"):
+        if tag in ("th", "td", "p", "title", "caption"):
             self._text = []
 
     def handle_endtag(self, tag):
@@ -134,7 +137,9 @@ class Page(HTMLParser):
             self.paragraphs.append("".join(self._text))
         elif tag == "title" and self._text is not None:
             self.title = "".join(self._text)
-        if tag in ("th", "td", "p", "title"):
+        elif tag == "caption" and self._text is not None:
+            self.captions.append("".join(self._text))
+        if tag in ("th", "td", "p", "title", "caption"):
             self._text = None
 
     def handle_data(self, data):
@@ -315,6 +320,78 @@ def test_inspect_figure_plots_the_arrays(packed):
     np.testing.assert_array_equal(line.get_ydata(), arrays.squared)
 
 
+def mixture_section(window_shares: list[list[float]], window: int = 8) -> dict:
+    """A manifest's ``mixture`` section with what `mixture_figure` reads: two sources, 60/40 by tokens,
+    the worst window of ``window`` packs from pack 5."""
+    return {
+        "mix_by": "tokens",
+        "sources": [{"name": "a.jsonl", "target_share": 0.6}, {"name": "b.jsonl", "target_share": 0.4}],
+        "windows": {"window_packs": window, "worst_points": 12.5, "worst_source": 0, "worst_first_pack": 5},
+        "window_shares": window_shares,
+    }
+
+
+def spans_by_label(axes) -> dict[str, tuple[float, float]]:
+    """Each axvspan's (first pack, end) by its label."""
+    return {patch.get_label(): (patch.get_x(), patch.get_x() + patch.get_width()) for patch in axes.patches}
+
+
+def test_mixture_figure_draws_a_partial_last_window_as_partial():
+    """19 packs in windows of 8: two full windows (packs 0-7, 8-15) and one of 3 packs (16-18). Each
+    full window is a step across its 8 packs; the partial one is a dotted line across its 3 packs over
+    a grey band whose label gives its size, not a step like the others (nor a spike at pack 16)."""
+    shares = [[0.6, 0.4], [0.5, 0.5], [1.0, 0.0]]
+    axes = axes_by_label(mixture_figure(mixture_section(shares), packs=19, path="out"))["mixture"]
+    lines = lines_by_label(axes)
+    for s, name in enumerate(["a.jsonl", "b.jsonl"]):
+        full = lines[name]
+        np.testing.assert_array_equal(full.get_xdata(), [0, 8, 16])  # the second step ends at pack 16
+        np.testing.assert_array_equal(full.get_ydata(), [shares[0][s], shares[1][s], shares[1][s]])
+        assert full.get_drawstyle() == "steps-post"
+        partial = lines[f"{name}, partial last window"]
+        np.testing.assert_array_equal(partial.get_xdata(), [16, 19])
+        np.testing.assert_array_equal(partial.get_ydata(), [shares[2][s]] * 2)
+        assert partial.get_linestyle() == ":"
+    spans = spans_by_label(axes)
+    assert spans["partial last window: 3 of 8 packs (dotted)"] == (16, 19)
+    assert spans["worst window: packs 5-12 (from any pack)"] == (5, 13)
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == [
+        "a.jsonl",
+        "b.jsonl",
+        "target share",
+        "partial last window: 3 of 8 packs (dotted)",
+        "worst window: packs 5-12 (from any pack)",
+    ]
+    assert "windows consecutive, not overlapping" in axes.get_xlabel()
+    assert axes.get_title().startswith("out: mixture by tokens: worst window of 8 packs 12.50 points off")
+
+
+def test_mixture_figure_of_whole_windows_has_no_partial_one():
+    shares = [[0.6, 0.4], [0.55, 0.45]]
+    axes = axes_by_label(mixture_figure(mixture_section(shares), packs=16))["mixture"]
+    lines = lines_by_label(axes)
+    assert sorted(name for name in lines if not name.startswith("_")) == ["a.jsonl", "b.jsonl"]
+    np.testing.assert_array_equal(lines["a.jsonl"].get_xdata(), [0, 8, 16])
+    np.testing.assert_array_equal(lines["a.jsonl"].get_ydata(), [0.6, 0.55, 0.55])
+    assert list(spans_by_label(axes)) == ["worst window: packs 5-12 (from any pack)"]
+
+
+def test_mixture_figure_leaves_a_window_without_the_measure_blank():
+    """A window with no supervised tokens has no shares: a gap, not every source at 0."""
+    axes = axes_by_label(mixture_figure(mixture_section([[0.0, 0.0], [0.5, 0.5]]), packs=16))["mixture"]
+    np.testing.assert_array_equal(lines_by_label(axes)["b.jsonl"].get_ydata(), [np.nan, 0.5, 0.5])
+
+
+def test_mixture_figure_refuses_packs_its_windows_do_not_cover():
+    with pytest.raises(
+        TightpackError,
+        match=r"^the manifest's mixture has 3 windows of 8 packs but the dataset has 30 packs, which make 4: "
+        r"its files are not the ones it was packed into; run tightpack verify on it",
+    ):
+        mixture_figure(mixture_section([[0.6, 0.4]] * 3), packs=30)
+
+
 def test_inspect_figure_needs_a_pack_size(packed):
     with pytest.raises(TightpackError, match=r"pack_size must be a positive integer, got 0"):
         plots.inspect_figure(read_pack_arrays(packed), pack_size=0)
@@ -337,6 +414,19 @@ def test_html_report(comparison, tmp_path):
     assert page.paragraphs == [comparison.reason]
     (image,) = assert_self_contained(page)
     assert_png(image, (11 * plots.DPI, 9 * plots.DPI))
+
+
+def test_html_report_with_more_tables(tmp_path):
+    """Each further table after the first, under its caption, escaped, its first row the header."""
+    path = tmp_path / "report.html"
+    first = [["packed dataset", "out"], ["packs", "3"]]
+    mixture = [("source", "a <1>.jsonl", "b.jsonl"), ("tokens", "1,000", "2,000")]
+    plots.write_html_report(path, "report", first, [], tables=[("mixture & more", mixture)])
+    text = path.read_text(encoding="utf-8")
+    page = Page(text)
+    assert page.rows == [*first, *(list(row) for row in mixture)]
+    assert page.captions == ["mixture & more"]
+    assert "a &lt;1&gt;.jsonl" in text and "<caption>mixture &amp; more</caption>" in text
 
 
 def test_cli_inspect_plot_and_html(packed, tmp_path, capsys):

@@ -34,17 +34,18 @@ def inspect(
         Path | None,
         typer.Option(
             help="Write the sequence lengths and the fill, sequences and cost per pack as a PNG "
-            "(tightpack[plots])."
+            "(tightpack[plots]); a mixture's shares window by window go beside it, in PLOT.mixture.png."
         ),
     ] = None,
     html: Annotated[
-        Path | None, typer.Option(help="Write a self-contained HTML report (summary and plots).")
+        Path | None,
+        typer.Option(help="Write a self-contained HTML report (summary, a mixture's table, and plots)."),
     ] = None,
 ) -> None:
     """Summarize a packed dataset (ours or Megatron-Bridge's); --plot and --html draw it pack by pack."""
     from tightpack.core.cost_model import CostModel
     from tightpack.errors import TightpackError
-    from tightpack.reports.mixture import mixture_figure, mixture_rows, mixture_title
+    from tightpack.reports.mixture import mixture_figure, mixture_table, mixture_title
     from tightpack.reports.summary import read_pack_arrays, summarize_pack_arrays
 
     if plot is not None or html is not None:
@@ -74,14 +75,14 @@ def inspect(
         rows.append(("pack cost, max / mean", f"{cost['max_over_mean']:.3f}"))
         rows.append(("pack cost, coefficient of variation", f"{cost['cv']:.3f}"))
     manifest = summary.get("manifest")
+    mixture = manifest.get("mixture") if manifest else None  # packed in its own order, whatever the algorithm
     if manifest:
         settings = manifest["settings"]
-        mixed = "mixture" in manifest  # packed in the mixture's own order, whatever the algorithm
         rows.append(
             (
                 "algorithm",
-                "mixture (first fit over the interleaved sources)"
-                if mixed
+                "mixture (chunks of the interleaved sources, packed apart)"
+                if mixture
                 else str(settings.get("algorithm", "?")),
             )
         )
@@ -102,15 +103,21 @@ def inspect(
         settings = manifest["settings"] if manifest else {}  # no manifest: the cap is unknown
         cap = settings.get("max_seq_length") or settings.get("packed_sequence_size")  # None means P
         figures = [plots.inspect_figure(arrays, pack_size=summary["pack_size"], cap=cap, cost_model=model)]
-        if manifest and "mixture" in manifest:
-            figures.append(mixture_figure(manifest["mixture"], summary["path"]))
+        if mixture:
+            figures.append(mixture_figure(mixture, packs=summary["packs"], path=summary["path"]))
         if plot is not None:
             plots.save_png(figures[0], plot)
             if len(figures) > 1:  # the mixture beside it: plot.png -> plot.mixture.png
                 plots.save_png(figures[1], Path(plot).with_suffix(".mixture.png"))
         if html is not None:
             title = f"tightpack inspect {summary['path']}"
-            plots.write_html_report(html, title, [["packed dataset", summary["path"]], *rows], figures)
+            plots.write_html_report(
+                html,
+                title,
+                [["packed dataset", summary["path"]], *rows],
+                figures,
+                tables=[(mixture_title(mixture), mixture_table(mixture))] if mixture else (),
+            )
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -120,14 +127,15 @@ def inspect(
     for name, text in rows:
         table.add_row(name, text)
     stdout.print(table)
-    if manifest and "mixture" in manifest:
-        mixture = Table(title=mixture_title(manifest["mixture"]))
-        mixture.add_column("source", style="bold")
-        for source in manifest["mixture"]["sources"]:
-            mixture.add_column(source["name"], justify="right")
-        for row in mixture_rows(manifest["mixture"]):
-            mixture.add_row(*row)
-        stdout.print(mixture)
+    if mixture:
+        header, *body = mixture_table(mixture)  # the rows of the --html report's table too
+        shares = Table(title=mixture_title(mixture))
+        shares.add_column(header[0], style="bold")
+        for name in header[1:]:
+            shares.add_column(name, justify="right")
+        for row in body:
+            shares.add_row(*row)
+        stdout.print(shares)
 
 
 @app.command()

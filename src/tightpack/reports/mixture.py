@@ -1,5 +1,6 @@
-"""The mixture of a packed folder as ``tightpack inspect`` shows it: a row per source, and a plot of
-every source's share window by window against its target.
+"""The mixture of a packed folder as ``tightpack inspect`` shows it: a table with a column per source
+(printed, and in the ``--html`` report), and a plot of every source's share window by window against
+its target.
 
 Both read the manifest's ``mixture`` section (`tightpack.offline.mixture.plan_mixture_run`).
 """
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tightpack.errors import TightpackError
 from tightpack.reports.plots import _HIGHLIGHT, _figure
 
 if TYPE_CHECKING:
@@ -46,6 +48,19 @@ def mixture_rows(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
     return [(name, *(show(source) for source in mixture["sources"])) for name, show in STATISTICS]
 
 
+def mixture_table(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
+    """`mixture_rows` under a header row of the sources' names: the table ``tightpack inspect`` prints
+    and its ``--html`` report holds (the same rows, never computed twice).
+
+    >>> mixture = {"sources": [{"name": "a.jsonl", "target_share": 0.5, "share": 0.4998,
+    ...     "worst_window_points": 1.25, "rows": 10, "samples_packed": 8, "sequences": 9,
+    ...     "repetitions": 1.125, "tokens": 900, "supervised_tokens": 300}]}
+    >>> mixture_table(mixture)[:2]
+    [('source', 'a.jsonl'), ('target share', '50.00%')]
+    """
+    return [("source", *(source["name"] for source in mixture["sources"])), *mixture_rows(mixture)]
+
+
 def mixture_title(mixture: dict[str, Any]) -> str:
     """What the table shows: the measure, and the worst window with its size."""
     windows = mixture["windows"]
@@ -55,25 +70,105 @@ def mixture_title(mixture: dict[str, Any]) -> str:
     )
 
 
-def mixture_figure(mixture: dict[str, Any], path: str = "") -> Figure:
+def window_edges(windows: int, window: int, packs: int) -> np.ndarray:
+    """The first pack of each of ``windows`` consecutive, non-overlapping windows of ``window`` packs,
+    and the end of the last: int64 ``[windows + 1]``. The manifest's ``window_shares`` has one row per
+    window in this order; the last window is short (partial) when ``packs`` is not a multiple of
+    ``window``.
+
+    Raises:
+        TightpackError: when ``windows`` windows of ``window`` packs do not cover ``packs`` packs (the
+            folder's packs are not those its manifest counted).
+
+    >>> window_edges(3, 8, 17).tolist()  # two full windows and one of a single pack
+    [0, 8, 16, 17]
+    >>> window_edges(2, 8, 16).tolist()
+    [0, 8, 16]
+    """
+    if window < 1 or windows != -(-packs // window):
+        raise TightpackError(
+            f"the manifest's mixture has {windows:,} windows of {window:,} packs but the dataset has "
+            f"{packs:,} packs, which make {-(-packs // max(window, 1)):,}: its files are not the ones it was "
+            "packed into; run tightpack verify on it, or pack it again"
+        )
+    return np.minimum(np.arange(windows + 1, dtype=np.int64) * window, packs)
+
+
+def mixture_figure(mixture: dict[str, Any], *, packs: int, path: str = "") -> Figure:
     """Every source's share of each window of packs, in the order a run reads them, beside its target
-    (a dashed line of the same colour); the title names the worst window."""
-    shares = np.asarray(mixture["window_shares"], dtype=np.float64)
-    window = mixture["windows"]["window_packs"]
+    (a dashed line of the same colour); the title names the worst window, which is shaded.
+
+    The windows are the manifest's ``window_shares``: consecutive and non-overlapping, ``window_packs``
+    each (a step per window, spanning its packs, `window_edges`). When ``packs`` (the packs of the
+    dataset) is not a multiple of the window, the last window holds fewer packs, and its shares, of
+    less data, stray further than a full window's: it is drawn dotted, with hollow markers, over a grey
+    band whose legend entry gives its pack count. The worst window (shaded red) is the worst of the
+    windows of ``window_packs`` packs from any first pack, full windows only, so it may straddle two
+    steps. A window with none of the measure (no supervised tokens) has no shares and is left blank.
+    """
+    from matplotlib.lines import Line2D
+
+    sources = mixture["sources"]
+    windows = mixture["windows"]
+    window = windows["window_packs"]
+    shares = np.asarray(mixture["window_shares"], dtype=np.float64).reshape(-1, len(sources))
+    shares[shares.sum(axis=1) == 0] = np.nan  # nothing of the measure: no shares (a gap, not a 0)
+    edges = window_edges(len(shares), window, packs)
+    full = int(np.count_nonzero(np.diff(edges) == window))  # only the last window can be short
     figure = _figure(figsize=(11, 4))
     axes = figure.add_subplot(1, 1, 1, label="mixture")
-    first_packs = np.arange(len(shares)) * window
-    for s, source in enumerate(mixture["sources"]):
+    handles = []
+    for s, source in enumerate(sources):
         color = f"C{s % 10}"
-        axes.step(
-            first_packs, shares[:, s] if len(shares) else [], where="post", color=color, label=source["name"]
-        )
+        if full:  # the last share repeated: the step spans its window to the window's end
+            (line,) = axes.step(
+                edges[: full + 1],
+                np.append(shares[:full, s], shares[full - 1, s]),
+                where="post",
+                color=color,
+                label=source["name"],
+            )
+            handles.append(line)
+        if full < len(shares):
+            axes.plot(
+                edges[full:],
+                np.repeat(shares[full, s], 2),
+                color=color,
+                linestyle=":",
+                marker="o",
+                markerfacecolor="none",
+                markersize=4,
+                label=f"{source['name']}, partial last window",
+            )
         axes.axhline(source["target_share"], color=color, linestyle="--", linewidth=0.8)
-    worst = mixture["windows"]
-    axes.axvline(worst["worst_first_pack"], color=_HIGHLIGHT, linestyle=":", linewidth=0.8)
-    axes.set_ylim(0, 1)
-    axes.set_xlabel(f"first pack of the window ({window:,} packs each, file order)")
+    handles.append(Line2D([], [], color="0.3", linestyle="--", linewidth=0.8, label="target share"))
+    if full < len(shares):
+        handles.append(
+            axes.axvspan(
+                edges[-2],
+                edges[-1],
+                color="0.85",
+                zorder=0,
+                label=f"partial last window: {edges[-1] - edges[-2]:,} of {window:,} packs (dotted)",
+            )
+        )
+    first = windows["worst_first_pack"]
+    handles.append(
+        axes.axvspan(
+            first,
+            first + window,
+            color=_HIGHLIGHT,
+            alpha=0.12,
+            linewidth=0,
+            label=f"worst window: packs {first:,}-{first + window - 1:,} (from any pack)",
+        )
+    )
+    axes.set_xlim(-0.01 * packs, 1.01 * packs + 0.5)  # the markers at the last pack's end show whole
+    axes.set_ylim(-0.02, 1.02)  # a share of 0 or 1 stays in sight
+    axes.set_xlabel(
+        f"pack (file order); a step per window of {window:,} packs, windows consecutive, not overlapping"
+    )
     axes.set_ylabel(f"share of {mixture['mix_by']}")
     axes.set_title(f"{path}: {mixture_title(mixture)}" if path else mixture_title(mixture), fontsize="medium")
-    axes.legend(loc="upper right", fontsize="small")
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return figure

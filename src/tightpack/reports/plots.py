@@ -202,44 +202,59 @@ def write_html_report(
     figures: Iterable[Figure],
     *,
     notes: Iterable[str] = (),
+    tables: Iterable[tuple[str, Sequence[Sequence[str]]]] = (),
 ) -> None:
     """Write one self-contained HTML file: ``title``, ``table`` (its first row is the header), ``notes``
-    (a paragraph each), then each figure as an inline PNG (a ``data:`` URI). No script, no link, nothing
-    fetched; every text is escaped."""
+    (a paragraph each), ``tables`` (each a caption and its rows, the first row the header), then each
+    figure as an inline PNG (a ``data:`` URI). No script, no link, nothing fetched; every text is
+    escaped."""
     escape = html.escape
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
         '<head><meta charset="utf-8">',
         f"<title>{escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1em}"
         "th,td{border:1px solid #bbb;padding:.2em .6em;text-align:right}"
+        "caption{text-align:left;font-weight:bold;padding:.4em 0}"
         "tbody th{text-align:left}img{max-width:100%}</style>",
         "</head>",
         "<body>",
         f"<h1>{escape(title)}</h1>",
     ]
     if table:
-        header, *rows = table
-        parts.append("<table>")
-        parts.append(
-            "<thead><tr>" + "".join(f"<th>{escape(str(cell))}</th>" for cell in header) + "</tr></thead>"
-        )
-        parts.append("<tbody>")
-        for name, *cells in rows:
-            parts.append(
-                f"<tr><th>{escape(str(name))}</th>"
-                + "".join(f"<td>{escape(str(cell))}</td>" for cell in cells)
-                + "</tr>"
-            )
-        parts.append("</tbody></table>")
+        parts.extend(_html_table(table))
     parts.extend(f"<p>{escape(note)}</p>" for note in notes)
+    for caption, rows in tables:
+        if rows:
+            parts.extend(_html_table(rows, caption))
     for index, figure in enumerate(figures, start=1):
         suptitle = figure.get_suptitle() or f"figure {index}"
         data = base64.b64encode(_png(figure)).decode("ascii")
         parts.append(f'<figure><img alt="{escape(suptitle)}" src="data:image/png;base64,{data}"></figure>')
     parts.extend(["</body>", "</html>", ""])
     Path(path).write_text("\n".join(parts), encoding="utf-8")
+
+
+def _html_table(table: Sequence[Sequence[str]], caption: str = "") -> list[str]:
+    """``table`` as HTML lines: its first row the header, each other row's first cell a row header."""
+    escape = html.escape
+    header, *rows = table
+    parts = ["<table>"]
+    if caption:
+        parts.append(f"<caption>{escape(caption)}</caption>")
+    parts.append(
+        "<thead><tr>" + "".join(f"<th>{escape(str(cell))}</th>" for cell in header) + "</tr></thead>"
+    )
+    parts.append("<tbody>")
+    for name, *cells in rows:
+        parts.append(
+            f"<tr><th>{escape(str(name))}</th>"
+            + "".join(f"<td>{escape(str(cell))}</td>" for cell in cells)
+            + "</tr>"
+        )
+    parts.append("</tbody></table>")
+    return parts
 
 
 def _png(figure: Figure) -> bytes:
