@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from tightpack.offline.pipeline import MANIFEST_NAME, PackConfig, pack_dataset
 from tightpack.verify import verify_packed
 
 from .conftest import write_jsonl
+from .test_verify import rewrite
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
 
@@ -202,6 +204,16 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
     assert code == 0, err
     assert "mixture by supervised-tokens: worst window of 4 packs" in " ".join(out.split())
     assert (tmp_path / "plot.mixture.png").stat().st_size > 10_000
+    code, out, err = tightpack("verify", "out")
+    assert code == 0 and "3 mixture sources" in out, out + err
+    shutil.copytree(tmp_path / "out", tmp_path / "edited")
+    manifest = json.loads((tmp_path / "edited" / MANIFEST_NAME).read_text())
+    manifest["mixture"]["sources"][2]["supervised_tokens"] += 10
+    (tmp_path / "edited" / MANIFEST_NAME).write_text(json.dumps(manifest))
+    code, out, err = tightpack("verify", "edited")
+    assert code == 1, out + err
+    named = r"^\[mixture\] mixture\.sources\[2\] \(\S+\): supervised_tokens is \d+ in the manifest"
+    assert re.search(named, out, re.M), out
     for args, message in (
         (("--weights", "5,3"), "error: the mixture has 2 weights for 3 inputs"),
         (("--weights", "5,x,2"), "error: --weights '5,x,2': give one number per input"),
@@ -215,3 +227,206 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
         code, out, err = tightpack("pack", *inputs, "-o", "bad", "--pack-size", "1024", *args)
         assert code == 2, (args, out, err)
         assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_inspect_draws_the_windows_a_run_reads_and_its_html_holds_the_mixture_table(
+    sources, tmp_path, capsys, monkeypatch
+):
+    """18 packs in windows of 4: four full windows and a last one of 2 packs. The plot's steps are the
+    shares of each window counted here from the Parquet rows, the last one drawn as partial across its
+    2 packs; the HTML report holds the table ``inspect`` prints, its figures those of the rows."""
+    from tightpack.cli import main
+    from tightpack.reports.mixture import mixture_figure, mixture_table, mixture_title
+
+    from .test_plots import Page
+
+    monkeypatch.chdir(tmp_path)
+    inputs = [str(path) for path in sources]
+    mix = ["--weights", "5,3,2", "--mix-by", "tokens", "--max-repetitions", "3", "--mix-packs", "18"]
+    assert main(["pack", *inputs, "-o", "out", "--pack-size", "1024", *mix, "--mix-window", "4"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", "out", "--html", "report.html", "--plot", "plot.png"]) == 0
+    out = capsys.readouterr().out
+    mixture = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["mixture"]
+
+    pack, source, tokens, supervised, _ = rows_by_input(tmp_path / "out", [0, 120, 180])
+    assert pack.max() + 1 == 18
+    composition = np.zeros((18, 3))
+    np.add.at(composition, (pack, source), tokens)
+    edges = [0, 4, 8, 12, 16, 18]
+    windows = np.add.reduceat(composition, edges[:-1], axis=0)
+    shares = windows / windows.sum(axis=1, keepdims=True)
+
+    axes = mixture_figure(mixture, packs=18).axes[0]
+    lines = {line.get_label(): line for line in axes.lines}
+    for s, entry in enumerate(mixture["sources"]):
+        full, partial = lines[entry["name"]], lines[f"{entry['name']}, partial last window"]
+        np.testing.assert_array_equal(full.get_xdata(), edges[:-1])
+        np.testing.assert_allclose(full.get_ydata(), [*shares[:4, s], shares[3, s]], atol=1e-6)
+        np.testing.assert_array_equal(partial.get_xdata(), [16, 18])
+        np.testing.assert_allclose(partial.get_ydata(), [shares[4, s]] * 2, atol=1e-6)
+    assert "partial last window: 2 of 4 packs (dotted)" in [patch.get_label() for patch in axes.patches]
+    assert (tmp_path / "plot.mixture.png").stat().st_size > 10_000
+
+    page = Page((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert page.captions == [mixture_title(mixture)]
+    names = [entry["name"] for entry in mixture["sources"]]
+    start = page.rows.index(["source", *names])
+    table = {row[0]: row[1:] for row in page.rows[start:]}
+    assert page.rows[start:] == [list(row) for row in mixture_table(mixture)]
+    assert table["tokens"] == [f"{int(tokens[source == s].sum()):,}" for s in range(3)]
+    assert table["supervised tokens"] == [f"{int(supervised[source == s].sum()):,}" for s in range(3)]
+    assert table["sequences written"] == [f"{int((source == s).sum()):,}" for s in range(3)]
+    achieved = np.bincount(source, tokens, minlength=3) / tokens.sum()
+    assert table["achieved share"] == [f"{share:.2%}" for share in achieved]
+    assert table["target share"] == ["50.00%", "30.00%", "20.00%"]
+    assert table["rows"] == ["120", "60", "400"]
+    for name, *cells in mixture_table(mixture)[1:]:  # the printed table (wrapped to the terminal)
+        assert all(f" {cell} " in out for cell in cells), (name, cells)
+
+
+@pytest.fixture(scope="module")
+def mixed(sources, tmp_path_factory) -> Path:
+    """A mixture's output: supervised tokens 5:3:2, at most 3 times over, windows of 4 packs. The long
+    rows, the tightest source, are packed whole three times (every kept sample packed, so their
+    ``repetitions`` is the packs' to count); the other two are subsampled."""
+    folder = tmp_path_factory.mktemp("mixed") / "out"
+    mixture = MixtureConfig(weights=(5, 3, 2), mix_by="supervised-tokens", max_repetitions=3, window_packs=4)
+    pack_dataset(sources, folder, PackConfig(packed_sequence_size=1024, mixture=mixture))
+    return folder
+
+
+def tampered(mixed: Path, tmp_path: Path, change) -> Path:
+    """A copy of ``mixed`` whose manifest is ``change(manifest)``d."""
+    folder = tmp_path / "tampered"
+    shutil.copytree(mixed, folder)
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    change(manifest)
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
+    return folder
+
+
+def test_verify_counts_every_mixture_figure_again(mixed):
+    manifest = json.loads((mixed / MANIFEST_NAME).read_text())
+    long, demo = manifest["mixture"]["sources"][1], manifest["mixture"]["sources"][0]
+    assert long["samples_packed"] == long["samples"] and long["repetitions"] == pytest.approx(3)
+    assert demo["samples_packed"] < demo["samples"]  # subsampled: repetitions only bounded by the packs
+    report = verify_packed(mixed)
+    assert report.ok, [str(v) for v in report.violations]
+    assert report.checked["mixture_sources"] == 3
+
+
+def shown(value) -> str:
+    return f"{value:.10g}" if isinstance(value, float) else str(value)
+
+
+EXACT = "the packs give {wrote}"
+
+
+SOURCE_CHANGES = [
+    (1, "supervised_tokens", lambda v: v + 1, EXACT),
+    (2, "tokens", lambda v: v - 7, EXACT),
+    (0, "sequences", lambda v: v + 1, EXACT),
+    (2, "samples_packed", lambda v: v - 1, EXACT),
+    (0, "share", lambda v: v + 0.01, EXACT),
+    (1, "token_share", lambda v: v / 2, EXACT),
+    (2, "supervised_share", lambda v: v + 1e-6, EXACT),
+    (1, "worst_window_points", lambda v: v + 1, EXACT),
+    (0, "target_share", lambda v: 0.6, "the weights give {wrote}"),
+    # every kept long row packed: counted exactly; the demo rows subsampled: bounded by the packs
+    (1, "repetitions", lambda v: 2.5, "the packs (every kept sample packed) give {wrote}"),
+    (0, "repetitions", lambda v: 1.5, "above the 1 its packs allow"),
+    (0, "samples", lambda v: 3, "fewer than the {packed} distinct samples of it the packs hold"),
+]
+"""(source, field, its new value, what verify counts instead): one change of the manifest each."""
+
+
+@pytest.mark.parametrize(
+    ("s", "key", "value", "counted"),
+    SOURCE_CHANGES,
+    ids=[f"{key}-{s}" for s, key, *_ in SOURCE_CHANGES],
+)
+def test_a_changed_figure_of_a_source_fails_naming_source_field_and_both_values(
+    mixed, tmp_path, s, key, value, counted
+):
+    source = json.loads((mixed / MANIFEST_NAME).read_text())["mixture"]["sources"][s]
+    wrote = source[key]
+
+    def change(manifest):
+        manifest["mixture"]["sources"][s][key] = value(wrote)
+
+    report = verify_packed(tampered(mixed, tmp_path, change))
+    assert report.counts == {"mixture": 1}, [str(v) for v in report.violations]
+    expected = counted.format(wrote=shown(wrote), packed=source["samples_packed"])
+    assert report.violations[0].message.startswith(
+        f"mixture.sources[{s}] ({source['name']}): {key} is {shown(value(wrote))} in the manifest, {expected}"
+    ), report.violations[0].message
+
+
+def test_changed_windows_shares_and_counts_fail_naming_the_field(mixed, tmp_path):
+    manifest = json.loads((mixed / MANIFEST_NAME).read_text())
+    worst = manifest["mixture"]["windows"]["worst_points"]
+
+    def worst_points(m):
+        m["mixture"]["windows"]["worst_points"] = worst / 2
+
+    def window_share(m):
+        m["mixture"]["window_shares"][2][0] += 0.05
+
+    def repeats(m):
+        m["counts"]["mixture_repeats"] += 1
+
+    def rows(m):
+        m["mixture"]["sources"][0]["rows"] += 1
+
+    for change, message in (
+        (
+            worst_points,
+            f"mixture.windows.worst_points is {worst / 2:.10g} in the manifest, the packs in order give "
+            f"{worst:.10g}",
+        ),
+        (window_share, "mixture.window_shares[2] (the first of 1 windows that differ) is ["),
+        (repeats, f"counts.mixture_repeats is {manifest['counts']['mixture_repeats'] + 1} in the manifest"),
+        (rows, "the rows of mixture.sources add up to 581, counts.samples_in is 580"),
+    ):
+        folder = tampered(mixed, tmp_path / change.__name__, change)
+        report = verify_packed(folder)
+        assert report.counts == {"mixture": 1}, [str(v) for v in report.violations]
+        assert report.violations[0].message.startswith(message), report.violations[0].message
+
+
+def test_changed_packs_fail_on_the_figures_they_change(mixed, tmp_path):
+    """Packs rewritten with the manifest's checksums refreshed (as a buggy writer would leave them): the
+    same sequences in another order break the windows; two sequences' sources swapped, the tokens."""
+    reordered = tmp_path / "reordered"
+    shutil.copytree(mixed, reordered)
+    rewrite(reordered, lambda columns: [columns[name].reverse() for name in columns])
+    report = verify_packed(reordered)
+    assert set(report.counts) == {"mixture"}, [str(v) for v in report.violations]
+    assert any(v.message.startswith("mixture.window_shares[0]") for v in report.violations)
+
+    swapped = tmp_path / "swapped"
+    shutil.copytree(mixed, swapped)
+
+    def swap(columns):  # a long row's sample_index with a short row's: the same samples, other sources
+        where = {}
+        for row, indices in enumerate(columns["sample_index"]):
+            for j, index in enumerate(indices):
+                where.setdefault(
+                    "long" if 120 <= index < 180 else "short" if index >= 180 else "demo", (row, j)
+                )
+        (a, i), (b, j) = where["long"], where["short"]
+        index = columns["sample_index"]
+        index[a][i], index[b][j] = index[b][j], index[a][i]
+
+    rewrite(swapped, swap)
+    report = verify_packed(swapped)
+    assert set(report.counts) == {"mixture"}, [str(v) for v in report.violations]
+    messages = " ".join(v.message for v in report.violations)
+    for field in (
+        "mixture.sources[1] (",
+        ": tokens is ",
+        ": supervised_tokens is ",
+        "in the manifest, the packs give",
+    ):
+        assert field in messages, messages

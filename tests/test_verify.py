@@ -80,6 +80,7 @@ def test_clean_dataset_passes_and_counts_match_the_manifest(packed):
     assert report.checked["sequences"] == manifest["counts"]["packed"]
     assert report.checked["supervised_tokens"] == manifest["counts"]["supervised_packed"]
     assert report.settings == {"pack_size": 256, "multiple": 4, "cp": None, "pad_to_max_length": True}
+    assert "mixture_sources" not in report.checked  # no --weights: no mixture to count again
     assert verify_packed(packed, cp=2).ok  # m=4 = 2*cp, P=256: every segment and the width tail divide
 
 

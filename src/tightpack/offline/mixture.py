@@ -20,8 +20,9 @@ from tightpack.core.mixture import MIX_BY, InfeasibleMixtureError, MixBy, resolv
 from tightpack.core.mixture_plan import DEFAULT_LOOKAHEAD, DEFAULT_WINDOW, plan_mixture
 from tightpack.core.planner import PackPlan
 from tightpack.errors import TightpackError, check_choice
+from tightpack.offline.mixture_figures import packed_figures, repetitions, sample_sources
 
-__all__ = ["MixtureConfig", "MixtureRun", "plan_mixture_run"]
+__all__ = ["MixtureConfig", "MixtureRun", "count_mixture", "plan_mixture_run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,19 +105,6 @@ class MixtureRun:
     report: dict[str, Any]
 
 
-def sample_sources(
-    source_index: np.ndarray, source_starts: list[int], input_of_source: list[int]
-) -> np.ndarray:
-    """The input each sample came from, int64 ``[num_samples]``: its row (``source_index``) falls in
-    the rows of one source (``source_starts``: the first row of each), which belongs to one input.
-
-    >>> sample_sources(np.array([0, 2, 3, 7]), [0, 3, 5], [0, 0, 1]).tolist()
-    [0, 0, 0, 1]
-    """
-    which = np.searchsorted(np.asarray(source_starts, dtype=np.int64), source_index, side="right") - 1
-    return np.asarray(input_of_source, dtype=np.int64)[which]
-
-
 def plan_mixture_run(
     mixture: MixtureConfig,
     names: list[str],
@@ -190,51 +178,40 @@ def plan_mixture_run(
         )
     chosen = np.zeros(len(keep), dtype=bool)
     chosen[mixed.plan.order] = True
-    report = _report(mixture, names, mixed, sample_input, keep, chosen, real, supervised)
+    report = _report(mixture, names, mixed, sample_input, keep, real, supervised)
     return MixtureRun(mixed.plan, chosen, report)
 
 
-def _report(mixture, names, mixed, sample_input, keep, chosen, real, supervised) -> dict[str, Any]:
+def _report(mixture, names, mixed, sample_input, keep, real, supervised) -> dict[str, Any]:
     """The manifest's ``mixture`` section: settings, per-source statistics, the worst window, and
     the shares of every window in order (for the plot)."""
     count = len(names)
-    order, entry_source = mixed.plan.order, mixed.source
-    per = {
-        "entries": np.bincount(entry_source, minlength=count),
-        "tokens": np.bincount(entry_source, real[order], minlength=count),
-        "supervised_tokens": np.bincount(entry_source, supervised[order], minlength=count),
-        "samples": np.bincount(sample_input[keep], minlength=count),
-        "packed": np.bincount(sample_input[chosen], minlength=count),
-    }
-    measure_of = {"tokens": "tokens", "supervised-tokens": "supervised_tokens", "samples": "entries"}
+    order = mixed.plan.order
+    packed = packed_figures(
+        mixed.source,
+        order,
+        real[order],
+        supervised[order],
+        np.repeat(np.arange(len(mixed.plan)), mixed.plan.pack_sizes),
+        len(mixed.plan),
+        by=mixture.mix_by,
+        targets=mixed.targets,
+        window=mixture.window_packs,
+    )
+    kept = np.bincount(sample_input[keep], minlength=count)
     available = np.bincount(sample_input[keep], sample_measure(mixture.mix_by, real, supervised)[keep], count)
-    achieved = per[measure_of[mixture.mix_by]] / max(per[measure_of[mixture.mix_by]].sum(), 1)
+    times = repetitions(packed.measure, available)
     sources = []
     for s, name in enumerate(names):
-        sources.append(
-            {
-                "name": name,
-                "weight": mixture.weights[s],
-                "target_share": float(mixed.targets[s]),
-                "share": float(achieved[s]),
-                "token_share": float(per["tokens"][s] / max(per["tokens"].sum(), 1)),
-                "supervised_share": float(
-                    per["supervised_tokens"][s] / max(per["supervised_tokens"].sum(), 1)
-                ),
-                "samples": int(per["samples"][s]),
-                "samples_packed": int(per["packed"][s]),
-                "sequences": int(per["entries"][s]),
-                "tokens": int(per["tokens"][s]),
-                "supervised_tokens": int(per["supervised_tokens"][s]),
-                "repetitions": float(per[measure_of[mixture.mix_by]][s] / max(available[s], 1)),
-                "worst_window_points": float(mixed.windows.per_source[s]),
-            }
-        )
-    window = mixed.windows.window or 1
-    packs = len(mixed.composition)
-    starts = np.arange(0, packs, window)
-    sums = np.add.reduceat(mixed.composition, starts, axis=0) if packs else np.zeros((0, count))
-    shares = sums / np.maximum(sums.sum(axis=1, keepdims=True), 1e-300)
+        entry = {
+            "name": name,
+            "weight": mixture.weights[s],
+            "target_share": float(mixed.targets[s]),
+            "samples": int(kept[s]),
+            "repetitions": float(times[s]),
+            **packed.sources[s],
+        }
+        sources.append({key: entry[key] for key in _SOURCE_KEYS})
     return {
         "mix_by": mixture.mix_by,
         "max_repetitions": mixture.max_repetitions,
@@ -242,9 +219,28 @@ def _report(mixture, names, mixed, sample_input, keep, chosen, real, supervised)
         "total_packs": mixture.total_packs,
         "tolerance_points": mixture.tolerance,
         "sources": sources,
-        "windows": mixed.windows.to_dict(),
-        "window_shares": np.round(shares, 6).tolist(),
+        "windows": packed.windows,
+        "window_shares": packed.window_shares,
     }
+
+
+_SOURCE_KEYS = (
+    "name",
+    "weight",
+    "target_share",
+    "share",
+    "token_share",
+    "supervised_share",
+    "samples",
+    "samples_packed",
+    "sequences",
+    "tokens",
+    "supervised_tokens",
+    "repetitions",
+    "worst_window_points",
+)
+"""The keys of a source of the manifest's ``mixture.sources`` that `_report` writes, in order (then
+`count_mixture` adds the rows of every source)."""
 
 
 def count_mixture(

@@ -42,7 +42,8 @@ from tightpack.errors import TightpackError
 from tightpack.offline.accounting import account_samples, nothing_left, truncation_loss_note
 from tightpack.offline.config import PackConfig
 from tightpack.offline.engines import ENGINES, Engine, start_engine
-from tightpack.offline.mixture import count_mixture, plan_mixture_run, sample_sources
+from tightpack.offline.mixture import count_mixture, plan_mixture_run
+from tightpack.offline.mixture_figures import sample_sources
 from tightpack.offline.output import build_manifest, write_packs
 from tightpack.offline.output_folder import (
     MANIFEST_NAME,

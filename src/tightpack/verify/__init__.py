@@ -20,6 +20,9 @@ arithmetic, so any size verifies in bounded memory. Checks:
   with the rows.
 - ``coverage``: with ``sample_index``, no source sample is packed twice and, with a manifest, every
   source row is either packed or accounted for (bad, dropped, no supervised token).
+- ``mixture``: a mixture's manifest (``tightpack pack --weights``) holds the figures the rows give, per
+  source, window and in ``counts.mixture_repeats``, counted again by the function that counted them
+  at pack time (`tightpack.verify.mixture`).
 - preference packs (``tightpack pack --format preference|kto|groups``): the checks of
   `tightpack.verify.preference` instead of the row checks above (every unit whole, every row laid out
   again as stored), with the same manifest, metadata and coverage checks.
@@ -37,6 +40,7 @@ from tightpack.core.preference_parquet import PreferenceFiles
 from tightpack.errors import TightpackError
 from tightpack.verify.folder import check_coverage, check_manifest, check_manifest_files, check_metadata
 from tightpack.verify.media import check_media
+from tightpack.verify.mixture import check_mixture
 from tightpack.verify.preference import check_preference_files, check_preference_manifest
 from tightpack.verify.report import VerifyReport, Violation  # noqa: F401 (for the package's own modules; not public API)
 from tightpack.verify.rows import Totals, check_rows, npy_rows, parquet_rows
@@ -122,7 +126,7 @@ def verify_packed(
         return report
     if not files[0].lower().endswith(".npy"):
         check_shards(files, name=str(path))
-    totals = Totals()
+    totals = Totals(per_sequence=bool((manifest or {}).get("mixture")))
     for file in files:
         if file.lower().endswith(".npy"):
             batches = npy_rows(file, totals.rows)
@@ -134,6 +138,7 @@ def verify_packed(
     if manifest is not None:
         check_manifest(folder, manifest, files, totals, report)
     check_coverage(manifest, totals, report)
+    mixture_sources = check_mixture(manifest, totals, report) if manifest is not None else 0
     media_items = (
         check_media(files, manifest, report) if media and not files[0].lower().endswith(".npy") else 0
     )
@@ -145,6 +150,8 @@ def verify_packed(
         "runtime_tokens": totals.runtime,
         "supervised_tokens": totals.supervised,
     }
+    if mixture_sources:
+        report.checked["mixture_sources"] = mixture_sources
     if media_items:
         report.checked["media_items"] = media_items
     return report

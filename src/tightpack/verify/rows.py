@@ -97,15 +97,24 @@ def npy_rows(path: str, first_row: int) -> Iterator[Rows]:
 
 
 class Totals:
-    """What the metadata, manifest and coverage checks compare against, summed over all rows."""
+    """What the metadata, manifest, coverage and mixture checks compare against, summed over all rows.
 
-    def __init__(self) -> None:
+    ``sample_index`` and ``sample_rows`` hold every sequence's source row and pack row, one array per
+    batch (batches without ``sample_index`` are counted in ``unindexed``). With ``per_sequence`` (a
+    mixture's manifest), ``sequence_tokens`` and ``sequence_supervised`` hold its runtime tokens
+    (``seq_len`` where stored) and supervised tokens alongside.
+    """
+
+    def __init__(self, *, per_sequence: bool = False) -> None:
         self.rows = self.sequences = self.runtime = self.supervised = 0
-        self.unread = 0
+        self.unread = self.unindexed = 0
         self.max_sequences = self.max_length = 0
         self.min_load: int | None = None
         self.sample_index: list[np.ndarray] = []
         self.sample_rows: list[np.ndarray] = []
+        self.per_sequence = per_sequence
+        self.sequence_tokens: list[np.ndarray] = []
+        self.sequence_supervised: list[np.ndarray] = []
 
 
 class _Layout:
@@ -295,9 +304,18 @@ def _add_totals(rows: _Layout, totals: Totals) -> None:
         totals.min_load = low if totals.min_load is None else min(totals.min_load, low)
     if valid.any():
         totals.max_length = max(totals.max_length, int(rows.runtime[valid].max()))
-    if batch.sample_index is not None and len(batch.sample_index) == len(batch.starts):
-        totals.sample_index.append(batch.sample_index)
-        totals.sample_rows.append(batch.first_row + rows.row_of_seq)
+    if batch.sample_index is None or len(batch.sample_index) != len(batch.starts):
+        totals.unindexed += len(batch.starts)
+        return
+    totals.sample_index.append(batch.sample_index)
+    totals.sample_rows.append(batch.first_row + rows.row_of_seq)
+    if totals.per_sequence:
+        tokens = rows.runtime  # without seq_len, the aligned length: all the rows say of it
+        if batch.seq_len is not None and np.array_equal(np.diff(batch.seq_len_offsets), rows.counts):
+            tokens = batch.seq_len
+        totals.sequence_tokens.append(tokens)
+        supervised = np.concatenate(([0], np.cumsum(batch.mask != 0)))
+        totals.sequence_supervised.append(supervised[rows.end] - supervised[rows.begin])
 
 
 def check_rows(batch: Rows, settings: dict[str, Any], report: VerifyReport, totals: Totals) -> None:
