@@ -155,6 +155,30 @@ def test_a_pack_count_is_exact_and_a_total_past_the_cap_says_what_is_possible(so
         )
 
 
+def test_a_pack_count_of_full_packs_is_met_not_one_short(tmp_path):
+    """Every sample cut to the pack (so every pack is one sample, full): the quotas round down by up
+    to half a sample per source, and asking for just the packs' tokens left the count a pack short
+    (7, 17, 31 of these); the run asks for a pack and a sample per source more, then cuts."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    rng = np.random.default_rng(1)
+    paths = []
+    for name, prompt, answer in (("a", 100, 300), ("b", 200, 300), ("c", 50, 400)):
+        rows = [
+            {"input": " ".join(rng.choice(words, prompt)), "output": " ".join(rng.choice(words, answer))}
+            for _ in range(60)
+        ]
+        paths.append(write_jsonl(tmp_path / f"{name}.jsonl", rows))
+    for packs in (7, 17, 31):
+        mixture = MixtureConfig(
+            weights=(5, 3, 2), mix_by="supervised-tokens", max_repetitions=5, total_packs=packs
+        )
+        result = pack_dataset(
+            paths, tmp_path / f"out{packs}", PackConfig(packed_sequence_size=256, mixture=mixture)
+        )
+        assert result.stats.packs == packs
+        assert result.counts["truncated"] == 180
+
+
 @pytest.mark.parametrize(
     ("setting", "named"),
     [

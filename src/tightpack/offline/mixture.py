@@ -135,28 +135,13 @@ def plan_mixture_run(
     """
     mixture.validate(len(names))
     source = np.where(keep, sample_input, -1)
-    total_tokens = mixture.total_tokens
-    if mixture.total_packs is not None:  # at least as many tokens as the packs hold, then cut to the count
-        total_tokens = mixture.total_packs * pack_size
+    names = list(names)
     try:
-        selection = resolve_mixture(
-            real,
-            supervised,
-            source,
-            mixture.weights,
-            by=mixture.mix_by,
-            names=names,
-            max_repetitions=mixture.max_repetitions,
-            total_tokens=total_tokens,
-            seed=seed,
-        )
-    except InfeasibleMixtureError as error:
+        selection = _select(mixture, names, source, real, supervised, aligned, pack_size, seed, margin=True)
+    except InfeasibleMixtureError:
         if mixture.total_packs is None:
             raise
-        raise InfeasibleMixtureError(
-            f"{error} (total_packs {mixture.total_packs:,} asks for {total_tokens:,} tokens: the packs full)",
-            parameters=(*error.parameters, "total_packs"),
-        ) from None
+        selection = _select(mixture, names, source, real, supervised, aligned, pack_size, seed, margin=False)
     measure = sample_measure(mixture.mix_by, real, supervised)
     mixed = plan_mixture(
         selection,
@@ -180,6 +165,36 @@ def plan_mixture_run(
     chosen[mixed.plan.order] = True
     report = _report(mixture, names, mixed, sample_input, keep, real, supervised)
     return MixtureRun(mixed.plan, chosen, report)
+
+
+def _select(mixture, names, source, real, supervised, aligned, pack_size, seed, *, margin):
+    """`resolve_mixture` for the run's total; a pack count asks for the packs' tokens, plus, with
+    ``margin``, a pack and a longest sample per source more: the quotas round down by up to half a
+    sample each, and full packs (truncated samples) would otherwise leave the count a pack short."""
+    total_tokens = mixture.total_tokens
+    if mixture.total_packs is not None:  # at least as many tokens as the packs hold, then cut to the count
+        total_tokens = mixture.total_packs * pack_size
+        if margin:
+            total_tokens += pack_size + len(names) * int(aligned[source >= 0].max(initial=0))
+    try:
+        return resolve_mixture(
+            real,
+            supervised,
+            source,
+            mixture.weights,
+            by=mixture.mix_by,
+            names=names,
+            max_repetitions=mixture.max_repetitions,
+            total_tokens=total_tokens,
+            seed=seed,
+        )
+    except InfeasibleMixtureError as error:
+        if mixture.total_packs is None or margin:
+            raise
+        raise InfeasibleMixtureError(
+            f"{error} (total_packs {mixture.total_packs:,} asks for {total_tokens:,} tokens: the packs full)",
+            parameters=(*error.parameters, "total_packs"),
+        ) from None
 
 
 def _report(mixture, names, mixed, sample_input, keep, real, supervised) -> dict[str, Any]:
