@@ -22,7 +22,7 @@ from tightpack.core.planner import PackPlan
 from tightpack.errors import TightpackError, check_choice
 from tightpack.offline.mixture_figures import packed_figures, repetitions, sample_sources
 
-__all__ = ["MixtureConfig", "MixtureRun", "count_mixture", "plan_mixture_run"]
+__all__ = ["MixtureConfig", "MixtureRun", "plan_mixture_run"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ import numpy as np
 from tightpack.core.mixture import sample_measure
 from tightpack.core.mixture_plan import window_deviation
 
-__all__ = ["PackedFigures", "packed_figures", "repetitions", "sample_sources"]
+__all__ = ["PackedFigures", "packed_figures"]
 
 
 def sample_sources(
