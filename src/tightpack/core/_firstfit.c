@@ -353,30 +353,35 @@ done:
     return result;
 }
 
-/* order_by_deviation(deviation: float64 buffer [packs * sources], sources, lookahead, order_out: int64
- * buffer [packs]): a pool holds the next `lookahead` packs in their given order; at each step the pack
- * of the pool that leaves the running deviation D (the sum of the chosen packs' rows) with the smallest
- * largest |D[s]| is taken (the earliest on a tie), and the next pack enters the pool. */
+/* order_by_deviation(deviation: float64 buffer [packs * sources], sources, lookahead, window, order_out:
+ * int64 buffer [packs]): a pool holds the next `lookahead` packs in their given order; at each step the
+ * pack of the pool is taken whose row leaves the smallest sum of the largest |D[s]| of the running
+ * deviation D (the sum of the chosen packs' rows) and, with window > 1, the largest |W[s]| of the
+ * trailing window W (the rows of the last window - 1 chosen packs); the earliest on a tie. The next
+ * pack then enters the pool. */
 static PyObject *order_by_deviation(PyObject *self, PyObject *args) {
     Py_buffer deviation, order;
-    Py_ssize_t sources, lookahead;
-    if (!PyArg_ParseTuple(args, "y*nnw*", &deviation, &sources, &lookahead, &order)) return NULL;
+    Py_ssize_t sources, lookahead, window;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &deviation, &sources, &lookahead, &window, &order)) return NULL;
     PyObject *result = NULL;
-    double *running = NULL;
+    double *running = NULL, *trailing = NULL;
     Py_ssize_t *pool = NULL;
     const Py_ssize_t packs = order.len / (Py_ssize_t)sizeof(int64_t);
-    if (sources < 1 || lookahead < 1 || deviation.len != packs * sources * (Py_ssize_t)sizeof(double)) {
+    if (sources < 1 || lookahead < 1 || window < 0 ||
+        deviation.len != packs * sources * (Py_ssize_t)sizeof(double)) {
         PyErr_SetString(PyExc_ValueError, "order_by_deviation: expects float64 [packs * sources], int64 [packs]");
         goto done;
     }
     running = calloc((size_t)sources, sizeof(double));
+    trailing = calloc((size_t)sources, sizeof(double));
     pool = malloc(sizeof(Py_ssize_t) * (size_t)lookahead);
-    if (running == NULL || pool == NULL) {
+    if (running == NULL || trailing == NULL || pool == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     const double *rows = (const double *)deviation.buf;
     int64_t *out = (int64_t *)order.buf;
+    const int windowed = window > 1;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t held = 0, next = 0;
     while (held < lookahead && next < packs) pool[held++] = next++;
@@ -385,21 +390,33 @@ static PyObject *order_by_deviation(PyObject *self, PyObject *args) {
         double best_value = -1.0;
         for (Py_ssize_t j = 0; j < held; j++) {
             const double *row = rows + pool[j] * sources;
-            double value = 0.0;
+            double prefix = 0.0, local = 0.0;
             for (Py_ssize_t s = 0; s < sources; s++) {
                 double x = running[s] + row[s];
                 if (x < 0) x = -x;
-                if (x > value) value = x;
-                if (best_value >= 0 && value >= best_value) break; /* no better than the best so far */
+                if (x > prefix) prefix = x;
+                if (windowed) {
+                    double y = trailing[s] + row[s];
+                    if (y < 0) y = -y;
+                    if (y > local) local = y;
+                }
+                if (best_value >= 0 && prefix + local >= best_value) break; /* no better than the best */
             }
-            if (best_value < 0 || value < best_value) {
-                best_value = value;
+            if (best_value < 0 || prefix + local < best_value) {
+                best_value = prefix + local;
                 best = j;
             }
         }
         const Py_ssize_t chosen = pool[best];
         out[step] = chosen;
         for (Py_ssize_t s = 0; s < sources; s++) running[s] += rows[chosen * sources + s];
+        if (windowed) {
+            for (Py_ssize_t s = 0; s < sources; s++) trailing[s] += rows[chosen * sources + s];
+            if (step + 1 >= window) { /* the window's oldest pack leaves it */
+                const double *old = rows + out[step + 1 - window] * sources;
+                for (Py_ssize_t s = 0; s < sources; s++) trailing[s] -= old[s];
+            }
+        }
         for (Py_ssize_t j = best; j + 1 < held; j++) pool[j] = pool[j + 1];
         held--;
         if (next < packs) pool[held++] = next++;
@@ -409,6 +426,7 @@ static PyObject *order_by_deviation(PyObject *self, PyObject *args) {
     Py_INCREF(result);
 done:
     free(running);
+    free(trailing);
     free(pool);
     PyBuffer_Release(&deviation);
     PyBuffer_Release(&order);
@@ -426,7 +444,7 @@ static PyMethodDef methods[] = {
      "offsets_out: int64 buffer) -> None"},
     {"order_by_deviation", order_by_deviation, METH_VARARGS,
      "order_by_deviation(deviation: float64 buffer [packs * sources], sources: int, lookahead: int, "
-     "order_out: int64 buffer [packs]) -> None"},
+     "window: int, order_out: int64 buffer [packs]) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,14 +10,14 @@ steps:
    source's target share (a weighted fair queue). Within a source the samples come in a seeded
    shuffled order, one repetition after the other.
 2. **Pack in chunks** (`pack_chunks`): the stream is cut into chunks of about ``chunk_packs`` packs'
-   tokens (at most half of the most repeated source's pass, and a later copy of a sample already in
+   tokens (at most a pass of the most repeated source, and a later copy of a sample already in
    the chunk moves to the next chunk, so no chunk and no pack holds a sample twice); each chunk is
    packed apart, first fit with the large samples longest first and the small ones after them in
    stream order (first fit decreasing over all where that saves more), and its packs are shuffled.
    A chunk holds the mixture, as every stretch of the stream does, and fills about as a packing of
    the whole would.
 3. **Order the packs** (`order_packs`): from a pool of the next ``lookahead`` packs, take the one
-   that keeps the running deviation from the targets smallest.
+   that keeps smallest the running deviation from the targets plus that of the window it closes.
 
 What is guaranteed is what is measured: `window_deviation` counts, over every window of ``window``
 consecutive packs, each source's share against its target, exactly; the plan carries the worst
@@ -175,7 +175,7 @@ def plan_mixture(
     stream_samples = selection.samples[stream]
     stream_lengths = np.asarray(lengths)[stream_samples]
     most_repeated = float(selection.repetitions.max(initial=1.0))
-    chunk_tokens = min(chunk_packs * pack_size, int(stream_lengths.sum() / (2 * most_repeated)))
+    chunk_tokens = min(chunk_packs * pack_size, int(stream_lengths.sum() / most_repeated))
     packed = pack_chunks(stream_samples, stream_lengths, pack_size, chunk_tokens, seed)
     entries = stream[packed.order]  # entries, pack by pack
     packs = len(packed)
@@ -183,7 +183,7 @@ def plan_mixture(
     composition = np.bincount(
         pack_of * sources + selection.source[entries], entry_measure[entries], minlength=packs * sources
     ).reshape(packs, sources)
-    order = order_packs(composition, targets, lookahead)
+    order = order_packs(composition, targets, lookahead, window)
     if max_packs is not None:
         order = order[:max_packs]
     sizes = packed.pack_sizes[order]
@@ -240,15 +240,7 @@ def pack_chunks(
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     samples = np.asarray(samples, dtype=np.int64)
-    chunk = (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1)
-    span = int(samples.max(initial=0)) + 1
-    while len(samples):  # a repetition in its chunk moves on (a few rounds: a chunk is under half a pass)
-        _, first = np.unique(chunk * span + samples, return_index=True)
-        repeated = np.ones(len(samples), dtype=bool)
-        repeated[first] = False
-        if not repeated.any():
-            break
-        chunk[repeated] += 1
+    chunk = _chunks_apart(samples, (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1))
     by_chunk = np.argsort(chunk, kind="stable")
     bounds = np.searchsorted(chunk[by_chunk], np.arange(int(chunk.max(initial=-1)) + 2))
     rng = np.random.default_rng([seed, len(samples)])
@@ -265,6 +257,31 @@ def pack_chunks(
     order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
     size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
     return PackPlan(order=order, offsets=np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
+
+
+def _chunks_apart(samples: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """The chunks of the entries once every copy of a sample is in a later chunk than the copy before
+    it: a copy whose chunk already holds its sample moves to the next chunk (and so on down the copies):
+    ``chunk'[k] = max(chunk[k], chunk'[k - 1] + 1)`` along each sample's copies in stream order, a
+    running maximum of ``chunk[k] - k`` plus ``k``.
+
+    >>> _chunks_apart(np.array([7, 7, 8, 7]), np.array([0, 0, 0, 1])).tolist()
+    [0, 1, 0, 2]
+    """
+    if not len(samples):
+        return chunk
+    copies = np.argsort(samples, kind="stable")  # each sample's copies together, in stream order
+    sorted_samples = samples[copies]
+    first = np.flatnonzero(np.concatenate([[True], sorted_samples[1:] != sorted_samples[:-1]]))
+    counts = np.diff(np.append(first, len(samples)))
+    group = np.repeat(np.arange(len(first)), counts)
+    nth = np.arange(len(samples)) - np.repeat(first, counts)  # which copy of its sample (0: the first)
+    lowest = int(chunk.min()) - len(samples) - 1
+    span = int(chunk.max()) - lowest + 1  # each sample's values above every earlier sample's: one maximum
+    running = np.maximum.accumulate(chunk[copies] - nth - lowest + group * span) - group * span + lowest
+    moved = np.empty_like(chunk)
+    moved[copies] = running + nth
+    return moved
 
 
 def _pack_chunk(entries: np.ndarray, lengths: np.ndarray, pack_size: int) -> tuple[np.ndarray, PackPlan]:
@@ -368,14 +385,18 @@ def interleave(
 
 
 def order_packs(
-    composition: np.ndarray, targets: np.ndarray, lookahead: int = DEFAULT_LOOKAHEAD
+    composition: np.ndarray, targets: np.ndarray, lookahead: int = DEFAULT_LOOKAHEAD, window: int = 0
 ) -> np.ndarray:
-    """An order of the packs whose running shares stay close to the targets.
+    """An order of the packs whose running shares, and with ``window`` those of its last ``window``
+    packs, stay close to the targets.
 
     A pool holds the next ``lookahead`` packs in their planned order; each step takes the pack of the
-    pool that leaves the largest running deviation ``|sum(measure_s) - target_s * sum(measure)|``
-    smallest (the earliest on a tie), and the next pack joins the pool. ``lookahead=1`` keeps the
-    order. Returns int64 ``[num_packs]``.
+    pool that leaves smallest the largest running deviation ``|sum(measure_s) - target_s *
+    sum(measure)|`` over the packs so far, plus, with ``window > 1``, the same over the window that
+    pack closes (it and the ``window - 1`` packs before it); the earliest on a tie. The next pack then
+    joins the pool. The running term keeps every source's pace over the whole order (no source is
+    left for the end); the window term picks, among packs that keep it, the one its window needs.
+    ``lookahead=1`` keeps the order. Returns int64 ``[num_packs]``.
 
     >>> order_packs(np.array([[4, 0], [4, 0], [0, 4], [0, 4]]), np.array([0.5, 0.5]), 4).tolist()
     [0, 2, 1, 3]
@@ -383,7 +404,9 @@ def order_packs(
     composition = np.asarray(composition, dtype=np.float64)
     if lookahead < 1:
         raise TightpackError(f"lookahead must be at least 1, got {lookahead}", parameters=("lookahead",))
+    if window < 0:
+        raise TightpackError(f"window must not be negative, got {window}", parameters=("window",))
     deviation = np.ascontiguousarray(composition - np.outer(composition.sum(axis=1), targets))
     order = np.empty(len(composition), dtype=np.int64)
-    _firstfit.order_by_deviation(deviation, composition.shape[1], int(lookahead), order)
+    _firstfit.order_by_deviation(deviation, composition.shape[1], int(lookahead), int(window), order)
     return order
