@@ -20,8 +20,9 @@ import torch
 
 from tightpack.errors import TightpackError
 from tightpack.prepare.tokenizer import load_tokenizer
+from tightpack.runtime.mixture_stats import MixtureStats
 from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
-from tightpack.runtime.online_mixture import MixtureStats, WeightedSources
+from tightpack.runtime.online_mixture import WeightedSources
 from tightpack.runtime.online_preference import OnlinePreferencePacker
 
 WORDS = (

@@ -78,8 +78,9 @@ import torch
 from tightpack.core.alignment import ceil_to_multiple, length_cap
 from tightpack.errors import TightpackError
 from tightpack.runtime.in_batch import pack_samples
+from tightpack.runtime.mixture_stats import MixtureStats
 from tightpack.runtime.online_config import OnlinePackConfig
-from tightpack.runtime.online_mixture import MixtureCursor, MixtureReader, MixtureStats, WeightedSources
+from tightpack.runtime.online_mixture import MixtureCursor, MixtureReader, WeightedSources
 from tightpack.runtime.online_select import (
     Candidate,
     best_fill,
