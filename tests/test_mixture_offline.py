@@ -454,3 +454,29 @@ def test_changed_packs_fail_on_the_figures_they_change(mixed, tmp_path):
         "in the manifest, the packs give",
     ):
         assert field in messages, messages
+
+
+def test_a_pack_count_keeps_whole_passes_first_and_reaches_the_default_runs_count(sources, tmp_path):
+    """--mix-packs meets the count by the mixture's total, not by cutting packs off a larger one: a
+    source repeated keeps every sample once before any twice (a cut left some out while others were
+    twice), and the count the default run fills (the largest the cap allows) can be asked for; one
+    more is an error naming that count."""
+    config = lambda **mix: PackConfig(  # noqa: E731
+        packed_sequence_size=1024,
+        mixture=MixtureConfig(weights=(1, 1, 1), mix_by="supervised-tokens", max_repetitions=4, **mix),
+    )
+    largest = pack_dataset(sources, tmp_path / "largest", config()).stats.packs
+    for packs in (largest // 3, largest // 2, largest - 1, largest):
+        result = pack_dataset(sources, tmp_path / f"p{packs}", config(total_packs=packs))
+        assert result.stats.packs == packs
+        table = pq.read_table(sorted((tmp_path / f"p{packs}").glob("*.parquet")))
+        rows = np.concatenate([np.asarray(row) for row in table.column("sample_index").to_pylist()])
+        copies = np.bincount(rows, minlength=580)
+        for first, stop in ((0, 120), (120, 180), (180, 580)):  # each input's rows
+            mine = copies[first:stop]
+            if mine.max() > 1:  # repeated: whole passes first
+                assert mine.max() - mine.min() <= 1, (packs, first, np.bincount(mine).tolist())
+    with pytest.raises(
+        InfeasibleMixtureError, match=rf"fills {largest:,} packs, fewer than the {largest + 1:,}"
+    ):
+        pack_dataset(sources, tmp_path / "more", config(total_packs=largest + 1))

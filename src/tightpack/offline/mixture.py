@@ -16,13 +16,24 @@ from typing import Any
 
 import numpy as np
 
-from tightpack.core.mixture import MIX_BY, InfeasibleMixtureError, MixBy, resolve_mixture, sample_measure
-from tightpack.core.mixture_plan import DEFAULT_LOOKAHEAD, DEFAULT_WINDOW, plan_mixture
+from tightpack.core.mixture import (
+    MIX_BY,
+    InfeasibleMixtureError,
+    MixBy,
+    MixtureSelection,
+    resolve_mixture,
+    sample_measure,
+)
+from tightpack.core.mixture_plan import DEFAULT_LOOKAHEAD, DEFAULT_WINDOW, MixturePlan, plan_mixture
 from tightpack.core.planner import PackPlan
 from tightpack.errors import TightpackError, check_choice
 from tightpack.offline.mixture_figures import packed_figures, repetitions, sample_sources
 
 __all__ = ["MixtureConfig", "MixtureRun", "plan_mixture_run"]
+
+PACK_SEARCH_ROUNDS = 40
+"""Plans `plan_mixture_run` tries at most to meet a pack count exactly (each a resolve and a plan;
+interpolation usually needs a handful)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +48,7 @@ class MixtureConfig:
             never repeated); a larger source than its share needs is subsampled, by ``seed``.
         total_tokens: the mixture's runtime tokens (``--mix-tokens``); None (and no ``total_packs``):
             the largest mixture the cap allows.
-        total_packs: the mixture's packs (``--mix-packs``), exactly; the packs past it are left out.
+        total_packs: the mixture's packs (``--mix-packs``), exactly: the total whose plan fills them.
         window_packs: packs per window whose shares the run measures (``--mix-window``): a global
             batch, in packs.
         tolerance: percentage points (``--mix-tolerance``): a window further than this from a target
@@ -136,47 +147,9 @@ def plan_mixture_run(
     mixture.validate(len(names))
     source = np.where(keep, sample_input, -1)
     names = list(names)
-    try:
-        selection = _select(mixture, names, source, real, supervised, aligned, pack_size, seed, margin=True)
-    except InfeasibleMixtureError:
-        if mixture.total_packs is None:
-            raise
-        selection = _select(mixture, names, source, real, supervised, aligned, pack_size, seed, margin=False)
     measure = sample_measure(mixture.mix_by, real, supervised)
-    mixed = plan_mixture(
-        selection,
-        aligned,
-        measure,
-        pack_size,
-        window=mixture.window_packs,
-        lookahead=mixture.lookahead,
-        tolerance=mixture.tolerance,
-        max_packs=mixture.total_packs,
-        seed=seed,
-        names=names,
-    )
-    if mixture.total_packs is not None and len(mixed.plan) < mixture.total_packs:
-        raise InfeasibleMixtureError(
-            f"the mixture fills {len(mixed.plan):,} packs, short of --mix-packs {mixture.total_packs:,}: "
-            "ask for fewer packs, or allow more repetitions with max_repetitions",
-            parameters=("max_repetitions",),
-        )
-    chosen = np.zeros(len(keep), dtype=bool)
-    chosen[mixed.plan.order] = True
-    report = _report(mixture, names, mixed, sample_input, keep, real, supervised)
-    return MixtureRun(mixed.plan, chosen, report)
 
-
-def _select(mixture, names, source, real, supervised, aligned, pack_size, seed, *, margin):
-    """`resolve_mixture` for the run's total; a pack count asks for the packs' tokens, plus, with
-    ``margin``, a pack and a longest sample per source more: the quotas round down by up to half a
-    sample each, and full packs (truncated samples) would otherwise leave the count a pack short."""
-    total_tokens = mixture.total_tokens
-    if mixture.total_packs is not None:  # at least as many tokens as the packs hold, then cut to the count
-        total_tokens = mixture.total_packs * pack_size
-        if margin:
-            total_tokens += pack_size + len(names) * int(aligned[source >= 0].max(initial=0))
-    try:
+    def resolve(total_tokens: int | None) -> MixtureSelection:
         return resolve_mixture(
             real,
             supervised,
@@ -188,13 +161,77 @@ def _select(mixture, names, source, real, supervised, aligned, pack_size, seed, 
             total_tokens=total_tokens,
             seed=seed,
         )
-    except InfeasibleMixtureError as error:
-        if mixture.total_packs is None or margin:
-            raise
+
+    def plan(selection: MixtureSelection, max_packs: int | None = None, tolerance=None) -> MixturePlan:
+        return plan_mixture(
+            selection,
+            aligned,
+            measure,
+            pack_size,
+            window=mixture.window_packs,
+            lookahead=mixture.lookahead,
+            tolerance=tolerance,
+            max_packs=max_packs,
+            seed=seed,
+            names=names,
+        )
+
+    if mixture.total_packs is None:
+        mixed = plan(resolve(mixture.total_tokens), tolerance=mixture.tolerance)
+    else:
+        selection = _selection_for_packs(mixture.total_packs, pack_size, resolve, plan, real)
+        mixed = plan(selection, max_packs=mixture.total_packs, tolerance=mixture.tolerance)
+    chosen = np.zeros(len(keep), dtype=bool)
+    chosen[mixed.plan.order] = True
+    report = _report(mixture, names, mixed, sample_input, keep, real, supervised)
+    return MixtureRun(mixed.plan, chosen, report)
+
+
+def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.ndarray) -> MixtureSelection:
+    """The selection whose plan fills ``packs`` packs (or the fewest past it, the plan then cut): a
+    search over the mixture's total tokens, since how full packs are depends on the samples.
+
+    The packs' tokens (every pack full; doubled while the quotas' rounding leaves a pack short) bound
+    it from above unless the cap does; then the largest mixture the cap allows does, and fewer packs
+    than asked is an error naming the most it fills.
+    Between, the total is narrowed (interpolated, halved when that stalls) until its plan has exactly
+    ``packs`` packs or no total between two neighbours is left: a count met exactly needs no cut, so
+    every source keeps its whole passes first and its quota to half a sample.
+    """
+    high_tokens, largest = packs * pack_size, False
+    while True:  # a total whose plan has the packs: full packs' tokens, doubled while rounding falls short
+        try:
+            high = resolve(high_tokens)
+        except InfeasibleMixtureError:
+            high, largest = resolve(None), True  # the largest mixture the cap allows
+            high_tokens = int(real[high.samples].sum())
+        high_packs = len(plan(high).plan)
+        if high_packs >= packs or largest:
+            break
+        high_tokens *= 2
+    if high_packs < packs:
         raise InfeasibleMixtureError(
-            f"{error} (total_packs {mixture.total_packs:,} asks for {total_tokens:,} tokens: the packs full)",
-            parameters=(*error.parameters, "total_packs"),
-        ) from None
+            f"the largest mixture the repetition cap allows fills {high_packs:,} packs, fewer than the "
+            f"{packs:,} asked for: set total_packs to at most {high_packs:,}, or raise max_repetitions",
+            parameters=("total_packs", "max_repetitions"),
+        )
+    low_tokens, low_packs = 0, 0
+    for _ in range(PACK_SEARCH_ROUNDS):
+        if high_packs == packs or high_tokens - low_tokens <= 1:
+            break
+        guess = low_tokens + (high_tokens - low_tokens) * (packs - low_packs) // max(
+            high_packs - low_packs, 1
+        )
+        middle = min(max(guess, low_tokens + 1), high_tokens - 1)
+        if not low_tokens < middle < high_tokens:
+            break
+        selection = resolve(middle)
+        found = len(plan(selection).plan)
+        if found >= packs:
+            high, high_tokens, high_packs = selection, middle, found
+        else:
+            low_tokens, low_packs = middle, found
+    return high
 
 
 def _report(mixture, names, mixed, sample_input, keep, real, supervised) -> dict[str, Any]:
@@ -232,6 +269,7 @@ def _report(mixture, names, mixed, sample_input, keep, real, supervised) -> dict
         "max_repetitions": mixture.max_repetitions,
         "total_tokens": mixture.total_tokens,
         "total_packs": mixture.total_packs,
+        "window_packs": mixture.window_packs,
         "tolerance_points": mixture.tolerance,
         "sources": sources,
         "windows": packed.windows,
