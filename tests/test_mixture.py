@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -308,3 +309,126 @@ def test_windows_of_a_long_mixture_hold_where_source_order_does_not():
         np.lexsort((np.arange(len(mixed.composition)), np.argmax(mixed.composition, axis=1)))
     ]
     assert window_deviation(by_source, chosen.targets, 64).points > 10
+
+
+def _closest(message: str) -> list[float]:
+    """The percentages of the closest mixture an infeasible-total error names."""
+    named = re.search(r"the closest mixture of [\d,]+ tokens is (.*?) of the", message)
+    assert named, message
+    return [float(share) for share in re.findall(r" (\d+(?:\.\d+)?)%", " " + named[1])]
+
+
+def _unequal_sources(copies: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source 0: 40 rows of 120 tokens, 100 supervised; source 1: 20 rows of 400 tokens, 10 supervised
+    (long prompts, short answers): 4,800 + 8,000 = 12,800 runtime tokens, 4,000 + 200 supervised; each
+    row ``copies`` times."""
+    lengths = np.array([120] * 40 * copies + [400] * 20 * copies)
+    supervised = np.array([100] * 40 * copies + [10] * 20 * copies)
+    return lengths, supervised, np.repeat([0, 1], [40 * copies, 20 * copies])
+
+
+def test_a_total_no_weights_reach_says_so_and_what_the_inputs_hold():
+    """At the cap the inputs hold 12,800 runtime tokens (25,600 at 2): no weights reach 20,000, though
+    the sources hold more supervised tokens than the asked mixture's (the closest used to be named in
+    supervised tokens, and fed back it was refused again)."""
+    lengths, supervised, source = _unequal_sources()
+    for cap, held in ((1, 12_800), (2, 25_600)):
+        total = held + 7_200
+        with pytest.raises(InfeasibleMixtureError) as raised:
+            resolve_mixture(
+                lengths,
+                supervised,
+                source,
+                [1, 1],
+                by="supervised-tokens",
+                max_repetitions=cap,
+                total_tokens=total,
+            )
+        message = str(raised.value)
+        assert (
+            f"no mixture of {total:,} tokens exists at this cap (the inputs hold {held:,} tokens" in message
+        )
+        assert f"Ask for a total of at most {held:,} tokens in total_tokens" in message
+        assert "closest" not in message and "max_repetitions" in message
+        assert set(raised.value.parameters) >= {"total_tokens", "max_repetitions", "weights"}
+    # the inputs' own proportions reach what they hold
+    chosen = resolve_mixture(
+        lengths, supervised, source, [4000, 200], by="supervised-tokens", total_tokens=12_800
+    )
+    assert int(lengths[chosen.samples].sum()) == 12_800
+
+
+def test_the_closest_mixture_named_is_accepted_given_back_as_weights():
+    lengths, supervised, source = _unequal_sources()
+    for weights, total in (([1, 1], 8_500), ([1, 1], 12_000), ([3, 1], 12_500), ([1, 4], 9_000)):
+        with pytest.raises(InfeasibleMixtureError) as raised:
+            resolve_mixture(lengths, supervised, source, weights, by="supervised-tokens", total_tokens=total)
+        closest = _closest(str(raised.value))
+        assert sum(closest) == pytest.approx(100)
+        chosen = resolve_mixture(
+            lengths, supervised, source, closest, by="supervised-tokens", total_tokens=total
+        )
+        assert abs(int(lengths[chosen.samples].sum()) - total) <= 400  # to a sample per source
+        assert chosen.repetitions.max() <= 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(mixtures(), st.floats(1.0001, 3))
+def test_any_closest_mixture_named_is_accepted_given_back(mixture, over):
+    """Past the largest total of the weights (by ``over``), short of what the inputs hold at the cap:
+    the closest mixture named, given back as weights with the same total and cap, is not refused for
+    the cap; a total past what the inputs hold names none and says so."""
+    lengths, supervised, source, weights, by, cap = mixture
+    largest = resolve(mixture)
+    asked = int(lengths[largest.samples].sum() * over) + 1
+    try:
+        resolve_mixture(lengths, supervised, source, weights, by=by, max_repetitions=cap, total_tokens=asked)
+        return  # the sample rounding left room
+    except InfeasibleMixtureError as error:
+        message = str(error)
+    assume("times over" in message)
+    held = cap * lengths[source >= 0].sum()
+    if asked > held:
+        assert f"the inputs hold {math.floor(held):,} tokens at the cap" in message
+        return
+    assert "no mixture" not in message
+    assert re.search(r"needs .* (\d+\.\d\d times over|a little more than [\d.]+ times over)", message)
+    if "closest" not in message:  # the closest prints as the asked, or no printing of it fits the cap
+        assert "just past the repetition cap" in message or asked >= held * 0.999, message
+        return
+    closest = _closest(message)
+    assert closest != pytest.approx(list(largest.targets * 100), abs=0.05)  # not the asked mixture again
+    try:
+        resolve_mixture(lengths, supervised, source, closest, by=by, max_repetitions=cap, total_tokens=asked)
+    except InfeasibleMixtureError as error:
+        assert "times over" not in str(error), (message, str(error))
+
+
+def test_just_past_the_largest_total_is_named_so_and_its_largest_is_accepted():
+    """A total a token past the largest one at the cap: not "2.00 times over, past the cap of 2", and no
+    closest mixture that is the asked one again (to 0.1%, as the tester's 83,921 tokens past 83,920
+    were); the largest printed and the cap named are accepted."""
+    lengths, supervised, source = _unequal_sources(copies=100)
+    by = "supervised-tokens"
+    largest = resolve_mixture(lengths, supervised, source, [1, 1], by=by, max_repetitions=2)
+    with pytest.raises(InfeasibleMixtureError) as raised:
+        resolve_mixture(lengths, supervised, source, [1, 1], by=by, max_repetitions=2, total_tokens=10**9)
+    printed = int(
+        re.search(r"at most about ([\d,]+) tokens with these weights", str(raised.value))[1].replace(",", "")
+    )
+    assert printed == 1_648_000 and abs(printed - int(lengths[largest.samples].sum())) <= 400
+    resolve_mixture(lengths, supervised, source, [1, 1], by=by, max_repetitions=2, total_tokens=printed)
+    with pytest.raises(InfeasibleMixtureError) as raised:
+        resolve_mixture(
+            lengths, supervised, source, [1, 1], by=by, max_repetitions=2, total_tokens=printed + 1
+        )
+    message = str(raised.value)
+    assert (
+        "source 1 a little more than 2 times over" in message
+        and "just past the repetition cap of 2" in message
+    )
+    assert "2.00 times" not in message and "closest" not in message
+    assert f"about {printed:,} tokens (ask for at most that in total_tokens)" in message
+    cap = float(re.search(r"max_repetitions ([\d.]+)$", message)[1])
+    assert cap == 2.01
+    resolve_mixture(lengths, supervised, source, [1, 1], by=by, max_repetitions=cap, total_tokens=printed + 1)

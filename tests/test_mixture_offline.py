@@ -480,3 +480,51 @@ def test_a_pack_count_keeps_whole_passes_first_and_reaches_the_default_runs_coun
         InfeasibleMixtureError, match=rf"fills {largest:,} packs, fewer than the {largest + 1:,}"
     ):
         pack_dataset(sources, tmp_path / "more", config(total_packs=largest + 1))
+
+
+def test_the_command_line_names_a_closest_mixture_that_packs_given_back(
+    sources, tmp_path, capsys, monkeypatch
+):
+    """A total past the cap, from ``tightpack pack``: past what the inputs hold at the cap, no mixture
+    is named; short of it, the closest mixture named, given back as --weights with the same
+    --mix-tokens, packs; the largest total printed packs as printed (thousands separators and all)."""
+    from tightpack.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def pack(output: str, weights: str, total: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        args = [*map(str, sources), "-o", output, "--pack-size", "1024", "--mix-by", "supervised-tokens"]
+        code = main(["pack", *args, "--weights", weights, "--mix-tokens", total])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = pack("none", "5,3,2", "1B")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    found = re.search(
+        r"no mixture of 1,000,000,000 tokens exists at this cap \(the inputs hold ([\d,]+) tokens at the "
+        r"cap\)\. Ask for a total of at most \1 tokens in --mix-tokens \(at most about ([\d,]+) tokens with "
+        r"these --weights\), or allow this one with --max-repetitions [\d.]+$",
+        err.strip(),
+    )
+    assert found and "closest" not in err, err
+    held, largest = (int(number.replace(",", "")) for number in found.groups())
+    assert largest < held
+    code, _, err = pack("largest", "5,3,2", found[2])
+    assert code == 0, err
+    code, _, err = pack("past", "5,3,2", str(largest + 1))
+    assert code == 2 and "1.00 times over" not in err and "past the repetition cap of 1" in err, err
+    total = (largest + held) // 2
+    code, _, err = pack("mid", "5,3,2", str(total))
+    assert code == 2 and "no mixture" not in err, err
+    named = re.search(rf"the closest mixture of {total:,} tokens is (.*) of the supervised tokens", err)
+    assert named and err.strip().endswith("(give these as --weights)"), err
+    shares = [part.rsplit(" ", 1)[1].rstrip("%") for part in named[1].split(", ")]
+    assert len(shares) == 3 and shares != ["50.0", "30.0", "20.0"]
+    code, out, err = pack("closest", ",".join(shares), str(total))
+    assert code == 0, err
+    assert all(f"{float(share):.2f}% -> " in out for share in shares), out
+    manifest = json.loads((tmp_path / "closest" / MANIFEST_NAME).read_text())
+    packed = sum(source["tokens"] for source in manifest["mixture"]["sources"])
+    assert abs(packed - total) <= 3 * 1024, (packed, total)
+    assert max(source["repetitions"] for source in manifest["mixture"]["sources"]) <= 1

@@ -151,7 +151,9 @@ def resolve_mixture(
     Raises:
         InfeasibleMixtureError: a source holds nothing of the measure, a quota rounds to no sample, or
             ``total_tokens`` needs a source more than R times over; the message gives the largest
-            mixture R allows and the R the asked one needs.
+            total R allows these weights, the R the asked mixture needs, and the closest mixture
+            (of the measure) that reaches ``total_tokens`` at R, or, when even every source at R holds
+            fewer runtime tokens, that no mixture of that total exists and what the inputs hold.
 
     >>> lengths, supervised = np.array([10, 10, 10, 40]), np.array([5, 5, 5, 20])
     >>> chosen = resolve_mixture(lengths, supervised, np.array([0, 0, 0, 1]), [1, 1], by="tokens")
@@ -181,16 +183,14 @@ def resolve_mixture(
         )
     largest = float((max_repetitions * available / targets).min())  # total measure the cap allows
     tokens_per_unit = tokens / available  # runtime tokens per unit of the measure, by source
-    largest_tokens = largest * float((targets * tokens_per_unit).sum())
     if total_tokens is None:
         total = largest
     else:
         total = total_tokens / float((targets * tokens_per_unit).sum())
-        if total > largest * (1 + 1e-9):
-            asked = (total, total_tokens)
+        if not _fits(targets, available, tokens_per_unit, max_repetitions, total_tokens):
             raise InfeasibleMixtureError(
-                _infeasible(asked, targets, available, names, by, max_repetitions, largest_tokens),
-                parameters=("max_repetitions", "total_tokens"),
+                _infeasible(total_tokens, targets, available, tokens, names, by, max_repetitions),
+                parameters=("max_repetitions", "total_tokens", "weights"),
             )
     quotas = targets * total
     entries = float((quotas / available * np.bincount(source[used], minlength=count)).sum())
@@ -243,46 +243,132 @@ def _unit(by: str) -> str:
     return {"tokens": "tokens", "supervised-tokens": "supervised tokens", "samples": "samples"}[by]
 
 
-def _infeasible(asked, targets, available, names, by, cap, largest_tokens) -> str:
-    """The message of targets past the cap: the tightest source, the largest mixture the cap allows,
-    the mixture the cap allows at the asked total, and the cap the asked mixture needs."""
-    total, total_tokens = asked
-    needed = targets * total / available
+def _fits(
+    targets: np.ndarray, available: np.ndarray, tokens_per_unit: np.ndarray, cap: float, total_tokens: float
+) -> bool:
+    """Whether a mixture of ``total_tokens`` runtime tokens at the shares ``targets`` (of the measure)
+    takes no source past ``cap`` times its ``available`` measure: `resolve_mixture`'s test."""
+    largest = float((cap * available / targets).min())
+    return total_tokens / float((targets * tokens_per_unit).sum()) <= largest * (1 + 1e-9)
+
+
+def _infeasible(
+    total_tokens: int,
+    targets: np.ndarray,
+    available: np.ndarray,
+    tokens: np.ndarray,
+    names: Sequence[str],
+    by: str,
+    cap: float,
+) -> str:
+    """The message of a total past the cap: the tightest source and what it needs, then the ways out:
+    the largest total the cap allows these shares (floored: asking for it is accepted), the cap the
+    asked mixture needs, and the mixture nearest the shares that reaches the total at the cap (given
+    as weights with the same total and cap, it is accepted), or, where no shares reach the total,
+    the runtime tokens the inputs hold at the cap (``tokens``: each source's, every sample once)."""
+    tokens_per_unit = tokens / available
+    per_unit = float((targets * tokens_per_unit).sum())  # runtime tokens per unit of the measure
+    needed = targets * (total_tokens / per_unit) / available
     tight = int(np.argmax(needed))
-    shares = achievable_shares(targets, cap * available / total)
-    at_total = (
-        f"no mixture of that many {_unit(by)} exists at the cap (the inputs hold less)"
-        if shares.sum() < 1 - 1e-9
-        else f"at the cap, the closest mixture of as many {_unit(by)} is "
-        + ", ".join(f"{name} {share:.1%}" for name, share in zip(names, shares, strict=True))
+    largest_tokens = math.floor(float((cap * available / targets).min()) * per_unit * (1 + 1e-10))
+    allow = math.ceil(needed[tight] * 100 * (1 - 1e-12)) / 100  # at least the need: it is accepted
+    quotas = closest_quotas(targets, cap * available, tokens_per_unit, total_tokens)
+    just_past = round(float(needed[tight]), 2) <= cap  # "2.00 times over" is not past a cap of 2
+    closest = None  # just past the cap, the closest mixture is all but the asked one: the total is the fix
+    if quotas is not None and not just_past:
+        capped = quotas >= cap * available * (1 - 1e-9)
+        closest = _printed_shares(
+            quotas, capped, targets, available, tokens_per_unit, cap, total_tokens, names
+        )
+    times = f"a little more than {cap:g}" if just_past else f"{needed[tight]:.2f}"
+    head = (
+        f"the mixture of {total_tokens:,} tokens needs {names[tight]} {times} times over (its "
+        f"{int(available[tight]):,} {_unit(by)} for a {targets[tight]:.1%} share), "
+        f"{'just past' if just_past else 'past'} the repetition cap of {cap:g}"
     )
-    return (
-        f"the mixture of {total_tokens:,} tokens needs {names[tight]} {needed[tight]:.2f} times over "
-        f"(its {int(available[tight]):,} {_unit(by)} for a {targets[tight]:.1%} share), past the "
-        f"repetition cap of {cap:g}; {at_total}. The largest mixture at the cap is about "
-        f"{int(largest_tokens):,} tokens (ask for at most that in total_tokens), or allow this one with "
-        f"max_repetitions {math.ceil(needed.max() * 100) / 100:g}"
+    if quotas is None:  # every source at its cap holds less: no shares reach the total
+        held = math.floor(cap * int(tokens.sum()))
+        return (
+            f"{head}; no mixture of {total_tokens:,} tokens exists at this cap (the inputs hold {held:,} "
+            f"tokens at the cap). Ask for a total of at most {held:,} tokens in total_tokens (at most "
+            f"about {largest_tokens:,} tokens with these weights), or allow this one with max_repetitions "
+            f"{allow:g}"
+        )
+    text = (
+        f"{head}. The largest mixture at the cap is about {largest_tokens:,} tokens (ask for at most that "
+        f"in total_tokens), or allow this one with max_repetitions {allow:g}"
     )
+    if closest is not None:
+        text += (
+            f"; at the cap, the closest mixture of {total_tokens:,} tokens is "
+            + ", ".join(f"{name} {share}" for name, share in zip(names, closest, strict=True))
+            + f" of the {_unit(by)} (give these as weights)"
+        )
+    return text
 
 
-def achievable_shares(targets: np.ndarray, caps: np.ndarray) -> np.ndarray:
-    """The shares nearest ``targets`` when no source may pass its cap (``caps``: the largest share
-    each can have): capped sources at their cap, the rest in proportion to their targets. Their sum is
-    below 1 when the caps cannot fill the total.
+def _printed_shares(
+    quotas: np.ndarray,
+    capped: np.ndarray,
+    targets: np.ndarray,
+    available: np.ndarray,
+    tokens_per_unit: np.ndarray,
+    cap: float,
+    total_tokens: int,
+    names: Sequence[str],
+) -> list[str] | None:
+    """The shares of ``quotas`` as percentages that, given as weights with ``total_tokens`` at
+    ``cap``, pass `_fits` and do not print as ``targets`` (the asked mixture): the ``capped`` sources'
+    rounded down, the others' rounded so that they sum to 100; to 0.1%, or 0.01% or 0.001% where that
+    is needed. None where none of these does."""
+    shares = quotas / quotas.sum()
+    free = np.flatnonzero(~capped)
+    for decimals in (1, 2, 3):
+        scaled = shares * 10 ** (decimals + 2)
+        counts = np.floor(scaled + np.where(capped, 0, 1e-9)).astype(np.int64)
+        rest = 10 ** (decimals + 2) - int(counts.sum())
+        if rest > 0 and not len(free):
+            return None
+        by_remainder = free[np.argsort(-(scaled - counts)[free], kind="stable")]
+        for step in range(rest):  # the rest to the sources below their cap, largest remainder first
+            counts[by_remainder[step % len(by_remainder)]] += 1
+        weights = counts / 10**decimals  # what the user gives back: 52.4 for 52.4%
+        printed = [f"{weight:.{decimals}f}%" for weight in weights]
+        if (counts == 0).any() or printed == [f"{100 * target:.{decimals}f}%" for target in targets]:
+            continue
+        if _fits(check_weights(weights.tolist(), names), available, tokens_per_unit, cap, total_tokens):
+            return printed
+    return None
 
-    >>> achievable_shares(np.array([0.5, 0.3, 0.2]), np.array([1.0, 0.1, 1.0])).round(4).tolist()
-    [0.6429, 0.1, 0.2571]
+
+def closest_quotas(
+    targets: np.ndarray, caps: np.ndarray, cost: np.ndarray, total: float
+) -> np.ndarray | None:
+    """The quotas nearest the shares ``targets`` whose cost (``quotas * cost``) is ``total`` when no
+    quota may pass its cap (``caps``): capped sources at their cap, the rest in proportion to their
+    targets. None when every source at its cap costs less than ``total``.
+
+    With ``cost`` the runtime tokens per unit of the measure and ``total`` the runtime tokens asked,
+    these are the measure of each source in the closest mixture of that many tokens.
+
+    >>> caps = np.array([10.0, 1.0, 10.0])
+    >>> closest_quotas(np.array([0.5, 0.3, 0.2]), caps, np.ones(3), 10).round(4).tolist()
+    [6.4286, 1.0, 2.5714]
+    >>> closest_quotas(np.array([0.5, 0.5]), np.array([10.0, 1.0]), np.array([1.0, 4.0]), 10).tolist()
+    [6.0, 1.0]
+    >>> print(closest_quotas(np.array([0.5, 0.5]), np.array([10.0, 1.0]), np.array([1.0, 4.0]), 20))
+    None
     """
-    shares = np.zeros_like(targets)
+    quotas = np.zeros_like(targets, dtype=np.float64)
     free = np.ones(len(targets), dtype=bool)
-    remaining = 1.0
+    remaining = float(total)
     while free.any():
-        proposal = targets * remaining / targets[free].sum()
-        over = free & (proposal > caps)
+        proposal = targets * remaining / float((targets[free] * cost[free]).sum())
+        over = free & (proposal > caps * (1 + 1e-12))  # a source exactly at its cap is not over it
         if not over.any():
-            shares[free] = proposal[free]
-            break
-        shares[over] = caps[over]
-        remaining -= float(caps[over].sum())
+            quotas[free] = proposal[free]
+            return quotas
+        quotas[over] = caps[over]
+        remaining -= float((caps[over] * cost[over]).sum())
         free &= ~over
-    return shares
+    return None
