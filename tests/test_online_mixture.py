@@ -315,20 +315,22 @@ def test_the_mixture_does_not_depend_on_ambient_random_state_and_follows_its_see
 
 
 def test_measures_count_what_the_packs_hold_after_truncation():
-    # Long rows cut to a 128-token pack count 128 tokens; dropped rows count nothing.
-    for policy in ("truncate", "drop"):
-        sources = [Rows("short", size=200), Rows("long", size=20)]
-        mixture = WeightedSources(sources, [1, 1], names=NAMES[:2], max_repetitions=1)
+    # Long rows cut to a 128-token pack count 128 tokens; dropped rows count nothing (14 of the first
+    # 30 medium rows are longer than 128 tokens; a source with every row dropped is refused, below).
+    for policy, other, size in (("truncate", "long", 20), ("drop", "medium", 30)):
+        sources = [Rows("short", size=200), Rows(other, size=size)]
+        mixture = WeightedSources(sources, [1, 1], names=("short", other), max_repetitions=1)
         packer = OnlinePacker(
             mixture, OnlinePackConfig(pack_size=128, packing_buffer_size=8, long_samples=policy)
         )
         packs = list(packer)
         stats = packer.mixture_stats()
         assert stats.tokens.sum() == packer.counts["tokens"] == sum(int(p["cu_seqlens_q"][-1]) for p in packs)
+        assert stats.exhausted == (other,)
         if policy == "truncate":
-            assert stats.tokens[1] == 128 * stats.rows[1] and stats.exhausted == ("long",)
+            assert stats.tokens[1] == 128 * stats.rows[1]
         else:
-            assert stats.rows[1] == 0 and stats.dropped[1] == 20 and stats.exhausted == ("long",)
+            assert stats.rows[1] == 16 and stats.dropped[1] == 14 == packer.counts["dropped"]
 
 
 @pytest.mark.parametrize(
@@ -454,3 +456,190 @@ def test_a_one_shot_stream_read_for_a_second_epoch_is_refused():
     )
     with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
         list(packer)
+
+
+def labelled(row: dict) -> dict:
+    """The row with ``labels`` (the next token where its loss_mask is 1, else -100) for its loss_mask."""
+    mask = row.pop("loss_mask")
+    labels = torch.cat([row["input_ids"][1:], torch.tensor([-100])])
+    return row | {"labels": torch.where(mask > 0, labels, -100)}
+
+
+def unsupervised(row: dict) -> dict:
+    """The row with no supervised token: its loss_mask all 0, or its labels all -100."""
+    if "loss_mask" in row:
+        return row | {"loss_mask": torch.zeros_like(row["loss_mask"])}
+    return row | {"labels": torch.full_like(row["labels"], -100)}
+
+
+def listed(rows: list[dict]):
+    """A stream source of ``rows``, in order."""
+    return lambda start, stride: iter(rows[start::stride])
+
+
+NO_SUPERVISED = (
+    "{name} has no supervised tokens to mix: a whole pass of its {count} samples{where} held none (no "
+    "loss_mask above 0 nor label other than ignore_index, after long_samples: 'truncate' keeps the first "
+    "pack_size tokens and can cut every answer away, 'drop' leaves samples out), so no weight gives it a "
+    "share and the mixture would read nothing but it until it ran out; leave it out of the mixture, or "
+    "mix by tokens or samples, or check its loss_mask or labels and the truncation"
+)
+
+
+@pytest.mark.parametrize("on_exhausted", ["stop", "continue"])
+@pytest.mark.parametrize("kind", ["map-style", "stream"])
+@pytest.mark.parametrize("why", ["loss_mask", "labels", "truncated"])
+def test_a_source_with_no_supervised_tokens_is_refused_where_its_first_pass_ends(why, kind, on_exhausted):
+    # Before: its measure stayed 0, so the queue read nothing but it until its cap, then the mixture
+    # stopped ("stop": 1 sample of short, shares 100%/0%) or went on without it ("continue"), with
+    # only mixture_stats().exhausted naming it. Now the end of its first pass raises, also resumed.
+    prepare = labelled if why == "labels" else dict
+    short = [prepare(sample("short", i)) for i in range(40)]
+    if why == "truncated":  # the 128 tokens kept hold no answer: the prompts are 197 tokens or more
+        name, rows = "long", [sample("long", i) for i in range(10)]
+    else:
+        name, rows = "medium", [unsupervised(prepare(sample("medium", i))) for i in range(10)]
+    zero = rows if kind == "map-style" else listed(rows)
+    mixture = WeightedSources(
+        [short, zero],
+        [1, 1],
+        names=["short", name],
+        mix_by="supervised-tokens",
+        max_repetitions=2,
+        on_exhausted=on_exhausted,
+    )
+    packer = OnlinePacker(mixture, config(pack_size=128, packing_buffer_size=4))
+    message = NO_SUPERVISED.format(name=name, count=10, where="")
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(packer)
+    assert packer.consumed == 1 + 10  # the first sample of short, then the whole pass of the other
+    resumed = OnlinePacker(mixture, config(pack_size=128, packing_buffer_size=4))
+    resumed.load_state_dict(packer.state_dict())  # saved within the pass: the resumed pass raises too
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(resumed)
+
+
+@pytest.mark.parametrize("by", ["tokens", "samples"])
+def test_a_source_whose_every_sample_is_dropped_is_refused(by):
+    mixture = WeightedSources(
+        [Rows("short", size=40), Rows("long", size=10)], [1, 1], names=NAMES[:2], mix_by=by
+    )
+    packer = OnlinePacker(mixture, config(pack_size=128, packing_buffer_size=4, long_samples="drop"))
+    message = (
+        f"long has no {by} to mix: a whole pass of its 10 samples held none (long_samples='drop' left out "
+        "every one: each is longer than pack_size), so no weight gives it a share and the mixture would "
+        "read nothing but it until it ran out; leave it out of the mixture, or raise pack_size, or choose "
+        "long_samples='truncate'"
+    )
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(packer)
+
+
+def test_a_source_with_supervised_tokens_in_some_samples_only_is_checked_per_shard():
+    # The stream's even positions have answers, its odd ones none. One shard reads all of it: it holds
+    # its share. Two ranks: rank 0 reads only answers; rank 1 reads only rows without one, so its queue
+    # can give the source no share (it would read nothing but it): rank 1 raises, naming its shard.
+    rows = [sample("medium", i) if i % 2 == 0 else unsupervised(sample("medium", i)) for i in range(8)]
+
+    def packer(rank: int, world_size: int) -> OnlinePacker:
+        mixture = WeightedSources(
+            [Rows("short", size=40), listed(rows)],
+            [1, 1],
+            names=("short", "medium"),
+            mix_by="supervised-tokens",
+            on_exhausted="continue",
+        )
+        return OnlinePacker(mixture, config(), rank=rank, world_size=world_size)
+
+    for rank, world_size in ((0, 1), (0, 2)):
+        whole = packer(rank, world_size)
+        keys = [key for pack in whole for key in pack["keys"]]
+        assert sum(key.startswith("medium") for key in keys) == 8 // world_size
+        assert whole.mixture_stats().supervised[1] > 0
+    message = NO_SUPERVISED.format(name="medium", count=4, where=" in shard 1 of 2") + (
+        "; each shard (a DataLoader worker of a data-parallel rank) reads its own positions 1, 3, ... of "
+        "every source, and this shard's part holds none even if another's holds some: with few samples "
+        "that do, use fewer workers or ranks"
+    )
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(packer(1, 2))
+
+
+def tagged(name: str, keys: tuple[str, ...], count: int = 6) -> list[dict]:
+    """``count`` rows ``name0, name1, ...`` carrying the optional ``keys`` (and their visual keys)."""
+    rows = []
+    for i in range(count):
+        row = {"key": f"{name}{i}", "input_ids": torch.arange(1, 5)}
+        row |= {"labels": torch.arange(2, 6)} if "labels" in keys else {}
+        row |= {"loss_mask": torch.ones(4)} if "loss_mask" in keys else {}
+        row |= {"pixel_values": torch.ones(2, 3)} if "pixel_values" in keys else {}
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "message"),
+    [
+        (
+            ("labels",),
+            ("loss_mask",),
+            "sample 'b0' of b carries loss_mask, but sample 'a0' of a, the first the mixture read, carries "
+            "labels: a pack needs labels and loss_mask in all of its samples or in none",
+        ),
+        (
+            ("labels", "loss_mask"),
+            ("loss_mask",),
+            "sample 'b0' of b carries loss_mask, but sample 'a0' of a, the first the mixture read, carries "
+            "labels and loss_mask: a pack needs labels in all of its samples or in none",
+        ),
+        (
+            (),
+            ("labels",),
+            "sample 'b0' of b carries labels, but sample 'a0' of a, the first the mixture read, carries "
+            "neither labels nor loss_mask: a pack needs labels in all of its samples or in none",
+        ),
+    ],
+)
+def test_sources_with_other_optional_keys_are_refused_naming_both(first, second, message):
+    # Before: ValueError("'labels' must be present for every sequence row or omitted from all rows.")
+    # from pack_samples, naming neither source.
+    mixture = WeightedSources(
+        [listed(tagged("a", first)), listed(tagged("b", second))], [1, 1], names=["a", "b"]
+    )
+    message += ", so every source must carry the same optional keys; prepare the samples of a and b with "
+    message += "the same ones"
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(OnlinePacker(mixture, config(pack_size=16, packing_buffer_size=4)))
+
+
+def test_optional_keys_are_checked_within_a_source_and_against_a_restored_buffer_and_visual_keys_may_differ():
+    rows = tagged("a", ("loss_mask",))
+    rows[3] = tagged("x", ())[0]
+    mixture = WeightedSources([listed(rows)], [1], names=["a"])
+    message = "sample 'x0' of a carries neither labels nor loss_mask, but sample 'a0' of a, the first the "
+    message += "mixture read, carries loss_mask: a pack needs loss_mask in all of its samples or in none, so "
+    message += "every source must carry the same optional keys; prepare every sample of a with the same ones"
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}$"):
+        list(OnlinePacker(mixture, config(pack_size=16, packing_buffer_size=4)))
+
+    def packer(second: list[dict]) -> OnlinePacker:
+        mixture = WeightedSources([tagged("a", ("labels",), 40), listed(second)], [3, 1], names=["a", "b"])
+        return OnlinePacker(mixture, config(pack_size=16, packing_buffer_size=8))
+
+    saved = packer(tagged("b", ("labels",)))  # b's rows read after the first pack are another kind
+    next(iter(saved))
+    state = saved.state_dict()
+    read = state["mixture"]["cursor"]["position"][1]
+    changed = tagged("b", ("labels",))[:read] + tagged("b", ("loss_mask",))[read:]
+    resumed = packer(changed)
+    resumed.load_state_dict(state)  # the restored buffer holds the first samples the mixture read
+    first, origin = state["buffer"][0][0], state["buffer"][0][3]
+    message = f"sample 'b{read}' of b carries loss_mask, but sample {first!r} of {'ab'[origin[0]]}, the first"
+    with pytest.raises(TightpackError, match=f"^{re.escape(message)}"):
+        list(resumed)
+
+    text_and_images = WeightedSources(
+        [tagged("a", ("loss_mask",)), tagged("b", ("loss_mask", "pixel_values"))], [1, 1], names=["a", "b"]
+    )
+    packs = list(OnlinePacker(text_and_images, config(pack_size=16, packing_buffer_size=4)))
+    assert sum(len(pack["keys"]) for pack in packs) == 12 and "pixel_values" in packs[0]

@@ -35,8 +35,13 @@ spent: either would quietly take the source's share away. A shard whose position
 end of a short, non-empty stream has no part of it, as with a map-style source shorter than the
 number of shards: the source is spent in that shard. Prepared samples are the packer's: ``key``, a
 1-D ``input_ids`` and the same optional keys in every source (a pack needs ``labels`` in all of its
-samples or none). Supervised tokens are those with ``loss_mask > 0``, else those whose ``labels`` are
-not ``ignore_index``.
+samples or none): a sample carrying ``labels`` or ``loss_mask`` where the first the mixture read (or
+restored) does not, or the other way round, is refused, naming both sources. Supervised tokens are
+those with ``loss_mask > 0``, else those whose ``labels`` are not ``ignore_index``. A source must
+hold some of the measure: a shard that ends a whole pass of its part of one with none (no supervised
+tokens, or every sample dropped) raises there, since the queue would read nothing but it; the check
+is per shard (another shard's part may hold some) and exact, a pass being the earliest point the
+reader can know it.
 
 **The repetition cap.** A source is read at most ``max_repetitions`` times (a fraction: the last
 repetition of a map-style source is the first part of its shuffled order, a seeded subsample). A source
@@ -70,6 +75,7 @@ import numpy as np
 from tightpack.core.mixture import check_weights, sample_measure
 from tightpack.errors import TightpackError, check_choice
 from tightpack.runtime.mixture_stats import MixtureStats, sample_counts
+from tightpack.runtime.online_mixture_checks import FirstSample, check_optional_keys, no_measure_error
 
 __all__ = ["WeightedSources"]
 
@@ -99,7 +105,8 @@ class WeightedSources:
             ``on_exhausted``, R below 1 (or a fraction for a stream), a source neither map-style nor a
             callable, an empty map-style source, or names repeated. While reading (from the packer): a
             stream that yields no sample on its first pass, or none on a later pass (or a later epoch)
-            after it yielded some.
+            after it yielded some; a sample whose optional keys (``labels``, ``loss_mask``) differ
+            from the mixture's first; a source whose whole pass in a shard held none of the measure.
 
     >>> import torch
     >>> from tightpack.runtime.online import OnlinePackConfig, OnlinePacker
@@ -153,6 +160,7 @@ class WeightedSources:
         # of one of these is one iterator handed back again, not an empty source; only the message
         # differs, so a worker process that never saw the first epoch still raises, in other words.
         self._streamed: set[int] = set()
+        self._first: FirstSample | None = None  # the first sample read or restored, for its keys
 
     @staticmethod
     def _length(source: Any, name: str) -> int | None:
@@ -235,13 +243,18 @@ class WeightedSources:
         if not 0 <= source < len(self.sources):
             raise TightpackError(f"the state names source {source}, the mixture has {len(self.sources)}")
         if self.lengths[source] is not None:
-            return self.sources[source][where]
+            return self._checked(source, self.sources[source][where])
         sample = self._stream_sample(source, where)
         if sample is None:
             raise TightpackError(
                 f"{self.names[source]} has no sample at position {where}: the stream changed since the "
                 "checkpoint"
             )
+        return self._checked(source, sample)
+
+    def _checked(self, source: int, sample: dict[str, Any]) -> dict[str, Any]:
+        """``sample`` of ``source``, its optional keys checked against the first sample's."""
+        self._first = check_optional_keys(self._first, self.names[source], sample)
         return sample
 
     def _stream_sample(self, source: int, position: int) -> dict[str, Any] | None:
@@ -369,7 +382,9 @@ class MixtureReader:
 
         Raises:
             TightpackError: a stream yields no sample on a pass (`WeightedSources._empty_pass_error`),
-                unless this shard's positions only lie past the end of a non-empty stream.
+                unless this shard's positions only lie past the end of a non-empty stream; a pass of
+                this shard's part of the source held none of the measure (`no_measure_error`: counted
+                so far, so only a first pass can); a sample's optional keys differ from the first's.
         """
         mixture, cursor = self.mixture, self.cursor
         while cursor.repetition[source] < mixture._passes(source):
@@ -379,7 +394,7 @@ class MixtureReader:
                 if sample is not None:
                     cursor.position[source] += 1
                     mixture._streamed.add(source)
-                    return (source, position), sample
+                    return (source, position), mixture._checked(source, sample)
                 self._streams.pop(source, None)
                 if cursor.position[source] == 0:  # the pass gave this shard nothing
                     self._empty_pass(source)
@@ -389,7 +404,10 @@ class MixtureReader:
                 if position < len(order):
                     index = int(order[position])
                     cursor.position[source] += 1
-                    return (source, index), mixture.sources[source][index]
+                    return (source, index), mixture._checked(source, mixture.sources[source][index])
+            if cursor.position[source] and not cursor.measure[source]:  # the pass held none of it
+                name, read = mixture.names[source], cursor.position[source]
+                raise no_measure_error(name, mixture.mix_by, read, self.shard, self.shards)
             cursor.repetition[source] += 1
             cursor.position[source] = 0
         return None
