@@ -523,8 +523,74 @@ def test_the_command_line_names_a_closest_mixture_that_packs_given_back(
     assert len(shares) == 3 and shares != ["50.0", "30.0", "20.0"]
     code, out, err = pack("closest", ",".join(shares), str(total))
     assert code == 0, err
-    assert all(f"{float(share):.2f}% -> " in out for share in shares), out
+    printed = " ".join(out.split())  # the summary wraps at the terminal's width
+    assert all(f"{float(share):.2f}% -> " in printed for share in shares), out
     manifest = json.loads((tmp_path / "closest" / MANIFEST_NAME).read_text())
     packed = sum(source["tokens"] for source in manifest["mixture"]["sources"])
     assert abs(packed - total) <= 3 * 1024, (packed, total)
     assert max(source["repetitions"] for source in manifest["mixture"]["sources"]) <= 1
+
+
+def test_verify_checks_the_rows_the_mixture_left_out_against_the_packs_and_counts(mixed, tmp_path):
+    manifest = json.loads((mixed / MANIFEST_NAME).read_text())
+    left_out = manifest["excluded"]["mixture_left_out"]
+    assert left_out and manifest["counts"]["mixture_left_out"] == len(left_out)
+    table = pq.read_table(sorted(mixed.glob("*.parquet")))
+    packed = sorted({row for rows in table.column("sample_index").to_pylist() for row in rows})
+    assert not set(left_out) & set(packed)
+    assert verify_packed(mixed).ok
+
+    def packed_row_left_out(m):
+        m["excluded"]["mixture_left_out"].append(packed[0])
+        m["counts"]["mixture_left_out"] += 1
+
+    def count(m):
+        m["counts"]["mixture_left_out"] += 1
+
+    def dropped_and_left_out(m):
+        m["excluded"]["dropped_long"].append(left_out[0])
+        m["counts"]["dropped_long"] += 1
+
+    for change, message in (
+        (
+            packed_row_left_out,
+            f"excluded.mixture_left_out lists 1 row ({packed[0]}) that the packs hold (source row "
+            f"{packed[0]} in pack row ",
+        ),
+        (
+            count,
+            f"counts.mixture_left_out is {len(left_out) + 1}, excluded.mixture_left_out lists "
+            f"{len(left_out)} rows: the count is the list's length",
+        ),
+        (
+            dropped_and_left_out,
+            f"excluded.mixture_left_out and excluded.dropped_long both list 1 row ({left_out[0]}): a run "
+            "puts a row in one of them at most",
+        ),
+    ):
+        report = verify_packed(tampered(mixed, tmp_path / change.__name__, change))
+        assert report.counts == {"excluded": 1}, [str(v) for v in report.violations]
+        assert report.violations[0].message.startswith(message), report.violations[0].message
+
+
+def test_a_truncated_row_is_packed_unless_the_mixture_left_it_out(sources, tmp_path):
+    """The mixture may leave out a truncated sample (it is kept, then not chosen): verify accepts it in
+    both lists, and fails when such a row is in neither the packs nor ``mixture_left_out``."""
+    mixture = MixtureConfig(weights=(3, 1), mix_by="tokens")  # the long rows, truncated, subsampled
+    pack_dataset(sources[:2], tmp_path / "out", PackConfig(packed_sequence_size=1024, mixture=mixture))
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    both = sorted(set(manifest["excluded"]["truncated"]) & set(manifest["excluded"]["mixture_left_out"]))
+    assert both, "no truncated row left out: the test needs one"
+    assert verify_packed(tmp_path / "out").ok
+
+    def forgotten(m):
+        m["excluded"]["mixture_left_out"].remove(both[0])
+        m["counts"]["mixture_left_out"] -= 1
+
+    report = verify_packed(tampered(tmp_path / "out", tmp_path, forgotten))
+    assert set(report.counts) == {"excluded", "coverage"}, [str(v) for v in report.violations]
+    assert [v.message for v in report.violations if v.check == "excluded"] == [
+        f"excluded.truncated lists 1 row ({both[0]}) that the packs do not hold: a truncated sample is kept, "
+        "so packed unless the mixture left it out (excluded.mixture_left_out) (the manifest or the packs "
+        "changed after packing)"
+    ]

@@ -18,6 +18,7 @@ from tests.conftest import write_jsonl
 from tightpack.core.checksums import file_digest
 from tightpack.core.legacy_npy import read_legacy_npy, write_legacy_npy
 from tightpack.offline.pipeline import PackConfig, pack_dataset
+from tightpack.prepare.format_config import FormatConfig
 from tightpack.verify import verify_packed
 
 SHARD = "packs-00000.idx.parquet"
@@ -206,6 +207,215 @@ def test_coverage_duplicates_and_missing_samples(packed, tmp_path):
     messages = [v.message for v in report.violations]
     assert any("is packed twice" in m for m in messages)
     assert any("neither packed nor accounted for" in m for m in messages)
+
+
+def with_manifest(packed: Path, tmp_path: Path, change) -> Path:
+    """A copy of ``packed`` whose manifest is ``change(manifest)``d (the packs untouched)."""
+    folder = copy_of(packed, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def packed_rows(packed: Path) -> np.ndarray:
+    """Every packed sequence's source row, in pack order."""
+    return np.concatenate(
+        [np.asarray(row) for row in pq.read_table(packed / SHARD)["sample_index"].to_pylist()]
+    )
+
+
+def test_the_excluded_lists_of_a_clean_output_agree_with_the_packs_and_counts(packed):
+    manifest = json.loads((packed / "manifest.json").read_text())
+    counts, excluded = manifest["counts"], manifest["excluded"]
+    long_row, monologue = 60, 61  # the fixture's truncated row and its row without an answer
+    assert excluded["truncated"] == [long_row] and excluded["no_supervised"] == [monologue]
+    assert long_row in packed_rows(packed) and monologue not in packed_rows(packed)
+    assert counts["truncated"] == 1 and counts["no_supervised"] == 1 and counts["bad_rows"] == 0
+    assert verify_packed(packed).ok
+
+
+def add_rows(manifest: dict, name: str, *rows: int, count: bool = True) -> None:
+    """Rows added to ``excluded[name]``, and with ``count`` to ``counts[name]`` (the list the only fault)."""
+    manifest["excluded"][name].extend(rows)
+    if count:
+        manifest["counts"][name] += len(rows)
+
+
+def set_count(manifest: dict, **counts: int) -> None:
+    manifest["counts"].update(counts)
+
+
+def truncated_reason(manifest: dict) -> str:
+    return next(reason for reason, rows in manifest["excluded"]["truncated_by_reason"].items() if rows)
+
+
+def packed_as_too_long(m: dict) -> None:
+    add_rows(m, "dropped_long", 0)
+
+
+def packed_without_supervision(m: dict) -> None:
+    add_rows(m, "no_supervised", 1, 2)
+    set_count(m, no_supervised_in_source=3)
+
+
+def packed_bad_row(m: dict) -> None:
+    m["bad_rows"].append({"sample_index": 0, "location": "chat.jsonl:1", "reason": "planted"})
+    set_count(m, bad_rows=1)
+
+
+def truncated_not_packed(m: dict) -> None:
+    m["excluded"]["truncated"] = [61]  # the row without an answer, in no_supervised and no pack
+
+
+def in_two_exclusive_lists(m: dict) -> None:
+    add_rows(m, "dropped_long", 61)  # also in no_supervised
+
+
+def truncated_under_no_reason(m: dict) -> None:
+    reason = truncated_reason(m)
+    m["excluded"]["truncated_by_reason"][reason] = []
+    set_count(m, **{f"truncated_{reason}": 0})
+
+
+def lost_to_truncation_only(m: dict) -> None:
+    """Row 61 moved from no_supervised to no_supervised_after_truncation, counts to match."""
+    m["excluded"]["no_supervised"] = []
+    m["excluded"]["no_supervised_after_truncation"] = [61]
+    set_count(m, no_supervised=0, no_supervised_after_truncation=1, no_supervised_in_source=-1)
+
+
+def listed_twice(m: dict) -> None:
+    add_rows(m, "no_supervised", 61)
+    set_count(m, no_supervised_in_source=2)
+
+
+EXCLUDED_FAULTS = {
+    "packed row dropped as too long": (
+        packed_as_too_long,
+        r"^excluded\.dropped_long lists 1 row \(0\) that the packs hold \(source row 0 in pack row \d+\): "
+        "a row dropped as longer than the cap is never packed",
+    ),
+    "packed row without supervision": (
+        packed_without_supervision,
+        r"^excluded\.no_supervised lists 2 rows \(1, 2\) that the packs hold",
+    ),
+    "packed bad row": (
+        packed_bad_row,
+        r"^bad_rows lists 1 row \(0\) that the packs hold .*: a bad row .* is never",
+    ),
+    "truncated row not packed": (
+        truncated_not_packed,
+        r"^excluded\.truncated lists 1 row \(61\) that the packs do not hold: a truncated sample is kept, "
+        "so packed",
+    ),
+    "count of a list": (
+        lambda m: set_count(m, no_supervised=2),
+        r"^counts\.no_supervised is 2, excluded\.no_supervised lists 1 row: the count is the list's length",
+    ),
+    "count of a reason": (
+        lambda m: set_count(m, **{f"truncated_{truncated_reason(m)}": 3}),
+        r"^counts\.truncated_\w+ is 3, excluded\.truncated_by_reason\.\w+ lists 1 row: the count is",
+    ),
+    "count of bad rows": (
+        lambda m: set_count(m, bad_rows=2),
+        r"^counts\.bad_rows is 2, bad_rows lists 0 rows",
+    ),
+    "count of rows without supervision in the source": (
+        lambda m: set_count(m, no_supervised_in_source=0),
+        r"^counts\.no_supervised_in_source is 0, excluded\.no_supervised less "
+        r"excluded\.no_supervised_after_truncation is 1 row",
+    ),
+    "row in two lists that exclude each other": (
+        in_two_exclusive_lists,
+        r"^excluded\.dropped_long and excluded\.no_supervised both list 1 row \(61\): a run puts a row in "
+        "one of them at most",
+    ),
+    "truncated row under no reason": (
+        truncated_under_no_reason,
+        r"^excluded\.truncated lists 1 row \(60\) that excluded\.truncated_by_reason does not",
+    ),
+    "row lost to truncation not without supervision": (
+        lost_to_truncation_only,
+        r"^excluded\.no_supervised_after_truncation lists 1 row \(61\) missing from excluded\.no_supervised",
+    ),
+    "row past the source": (
+        lambda m: add_rows(m, "dropped_long", 10**6),
+        r"^excluded\.dropped_long lists 1 row \(1000000\) outside the source rows 0\.\.61",
+    ),
+    "row listed twice": (listed_twice, r"^excluded\.no_supervised lists 1 row \(61\) more than once"),
+    "not a list of rows": (
+        lambda m: m["excluded"].update(dropped_long="none"),
+        r"^excluded\.dropped_long is not a list of source rows",
+    ),
+}
+"""(change of the manifest, the message of the ``excluded`` fault it plants): the packs untouched."""
+
+
+@pytest.mark.parametrize("name", EXCLUDED_FAULTS)
+def test_each_excluded_fault_is_named_with_its_list_and_rows(packed, tmp_path, name):
+    change, message = EXCLUDED_FAULTS[name]
+    report = verify_packed(with_manifest(packed, tmp_path, change))
+    named = [v for v in report.violations if v.check == "excluded"]
+    assert any(re.search(message, v.message) for v in named), (name, [str(v) for v in report.violations])
+    assert all("(the manifest or the packs changed after packing)" in v.message for v in named)
+    # a row taken off no_supervised is neither packed nor accounted for: coverage's knock-on effect
+    assert faults(report) <= {"excluded", "coverage"}, [str(v) for v in report.violations]
+
+
+def test_a_packed_row_listed_as_excluded_names_the_pack_row_holding_it(packed, tmp_path):
+    report = verify_packed(with_manifest(packed, tmp_path, lambda m: add_rows(m, "dropped_long", 5)))
+    assert report.counts == {"excluded": 1}, [str(v) for v in report.violations]
+    violation = report.violations[0]
+    table = pq.read_table(packed / SHARD)["sample_index"].to_pylist()
+    assert 5 in table[violation.row] and f"in pack row {violation.row}" in violation.message
+    assert not any(5 in indices for indices in table[: violation.row])  # the first pack row that holds it
+
+
+def test_cli_fails_on_a_tampered_excluded_list(packed, tmp_path):
+    folder = with_manifest(packed, tmp_path, lambda m: add_rows(m, "dropped_long", 0, count=False))
+    command = [sys.executable, "-m", "tightpack.cli", "verify", str(folder)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert any(
+        line.startswith("[excluded] row ") and "excluded.dropped_long lists 1 row (0)" in line
+        for line in lines
+    )
+    assert any("counts.dropped_long is 0, excluded.dropped_long lists 1 row" in line for line in lines)
+    assert lines[-1].startswith("FAILED: 2 faults")
+
+
+def test_a_preference_pack_checks_its_dropped_rows(tmp_path):
+    """Preference runs list their dropped units' rows in ``excluded`` and, with the reason of each, in
+    ``excluded.dropped_reasons``: none of them packed, and the two agree."""
+    rows = [
+        {"prompt": f"Question {i}: what is {i} + {i}?", "chosen": f" {2 * i}.", "rejected": "?"}
+        for i in range(12)
+    ]
+    rows.append({"prompt": "long " * 400, "chosen": " yes", "rejected": " no"})
+    source = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    config = PackConfig(
+        packed_sequence_size=128, long_samples="drop", format=FormatConfig(format="preference"), workers=1
+    )
+    folder = pack_dataset([source], tmp_path / "out", config).output
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["excluded"]["dropped_long"] == [12] and list(manifest["excluded"]["dropped_reasons"]) == [
+        "12"
+    ]
+    assert verify_packed(folder).ok
+
+    def packed_and_dropped(m):
+        m["excluded"]["dropped_reasons"]["3"] = "planted"
+
+    report = verify_packed(with_manifest(folder, tmp_path / "tampered", packed_and_dropped))
+    assert report.counts == {"excluded": 2}, [str(v) for v in report.violations]
+    first, second = (v.message for v in report.violations)
+    assert first.startswith("excluded.dropped_reasons lists 1 row (3) that the packs hold")
+    assert second.startswith(
+        "excluded.dropped_reasons lists 1 row (3) missing from excluded.dropped_long and "
+        "excluded.no_supervised"
+    )
 
 
 def test_legacy_npy_faults(packed, tmp_path):

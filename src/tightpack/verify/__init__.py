@@ -20,6 +20,9 @@ arithmetic, so any size verifies in bounded memory. Checks:
   with the rows.
 - ``coverage``: with ``sample_index``, no source sample is packed twice and, with a manifest, every
   source row is either packed or accounted for (bad, dropped, no supervised token).
+- ``excluded``: the manifest's excluded rows (`tightpack.verify.excluded`): the rows a run never packs
+  (dropped, no supervised token, left out by a mixture, bad) are not in the packs, the truncated ones
+  are; every count of such a list is its length; lists that exclude each other share no row.
 - ``mixture``: a mixture's manifest (``tightpack pack --weights``) holds the figures the rows give, per
   source, window and in ``counts.mixture_repeats``, counted again by the function that counted them
   at pack time (`tightpack.verify.mixture`).
@@ -38,6 +41,7 @@ from tightpack.core.packed_index import check_shards
 from tightpack.core.paths import packed_dataset_files
 from tightpack.core.preference_parquet import PreferenceFiles
 from tightpack.errors import TightpackError
+from tightpack.verify.excluded import check_excluded
 from tightpack.verify.folder import check_coverage, check_manifest, check_manifest_files, check_metadata
 from tightpack.verify.media import check_media
 from tightpack.verify.mixture import check_mixture
@@ -114,6 +118,8 @@ def verify_packed(
             check_manifest_files(folder, manifest, files, report)
             check_preference_manifest(manifest, totals, report)
         check_coverage(manifest, totals, report)
+        if manifest is not None:
+            check_excluded(manifest, totals, report)
         report.checked = {
             "files": len(files),
             "rows": totals.rows,
@@ -138,6 +144,8 @@ def verify_packed(
     if manifest is not None:
         check_manifest(folder, manifest, files, totals, report)
     check_coverage(manifest, totals, report)
+    if manifest is not None:
+        check_excluded(manifest, totals, report)
     mixture_sources = check_mixture(manifest, totals, report) if manifest is not None else 0
     media_items = (
         check_media(files, manifest, report) if media and not files[0].lower().endswith(".npy") else 0

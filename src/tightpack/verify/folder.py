@@ -10,6 +10,7 @@ import numpy as np
 
 from tightpack.core.checksums import file_digest
 from tightpack.offline.output_folder import METADATA_NAME
+from tightpack.verify.excluded import listed_rows
 from tightpack.verify.report import VerifyReport
 from tightpack.verify.rows import Totals
 
@@ -110,11 +111,17 @@ def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) 
     if "samples_in" not in counts:
         return
     accounted = np.zeros(counts["samples_in"], dtype=bool)
-    for reason in ("dropped_long", "no_supervised", "mixture_left_out"):
-        accounted[np.asarray(excluded.get(reason, []), dtype=np.int64)] = True
-    accounted[np.asarray([bad["sample_index"] for bad in manifest.get("bad_rows", [])], dtype=np.int64)] = (
-        True
+    bad_rows = manifest.get("bad_rows")
+    bad = (
+        [row.get("sample_index") for row in bad_rows if isinstance(row, dict)]
+        if isinstance(bad_rows, list)
+        else []
     )
+    reasons = ("dropped_long", "no_supervised", "mixture_left_out")
+    for listed in (*(excluded.get(reason, []) for reason in reasons), bad):
+        rows = listed_rows(listed)  # a list that is not one of source rows is the excluded check's
+        if rows is not None:
+            accounted[rows[(rows >= 0) & (rows < len(accounted))]] = True
     inside = indices[(indices >= 0) & (indices < len(accounted))]
     outside = indices[(indices < 0) | (indices >= len(accounted))]
     for index in outside[:5]:
