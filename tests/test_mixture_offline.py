@@ -466,7 +466,7 @@ def test_a_pack_count_keeps_whole_passes_first_and_reaches_the_default_runs_coun
         mixture=MixtureConfig(weights=(1, 1, 1), mix_by="supervised-tokens", max_repetitions=4, **mix),
     )
     largest = pack_dataset(sources, tmp_path / "largest", config()).stats.packs
-    for packs in (largest // 3, largest // 2, largest - 1, largest):
+    for packs in (1, 2, largest // 3, largest // 2, largest * 2 // 3, largest * 3 // 4, largest - 1, largest):
         result = pack_dataset(sources, tmp_path / f"p{packs}", config(total_packs=packs))
         assert result.stats.packs == packs
         table = pq.read_table(sorted((tmp_path / f"p{packs}").glob("*.parquet")))

@@ -151,8 +151,8 @@ def plan_mixture(
         lookahead: packs `order_packs` chooses among.
         chunk_packs: packs' worth of the stream packed together (`pack_chunks`).
         tolerance: percentage points: a window further than this from a target is an error.
-        max_packs: keep the first packs only (a target pack count); the prefix holds the mixture
-            as every window does.
+        max_packs: keep this many packs (a target pack count): the latest packs whose samples all
+            have their source's most copies are dropped (whole passes first hold), else the last.
         seed: seeds the interleave and the shuffle of each chunk's packs.
         names: the sources' names, for messages.
 
@@ -184,8 +184,8 @@ def plan_mixture(
         pack_of * sources + selection.source[entries], entry_measure[entries], minlength=packs * sources
     ).reshape(packs, sources)
     order = order_packs(composition, targets, lookahead, window)
-    if max_packs is not None:
-        order = order[:max_packs]
+    if max_packs is not None and max_packs < packs:
+        order = _cut(order, packed.offsets, selection.samples[entries], selection.source[entries], max_packs)
     sizes = packed.pack_sizes[order]
     entries = entries[concatenated_ranges(packed.offsets[order], sizes)]
     composition = composition[order]
@@ -198,6 +198,39 @@ def plan_mixture(
     if tolerance is not None and mixed.windows.points > tolerance:
         raise _window_error(mixed, targets, tolerance, names)
     return mixed
+
+
+def _cut(
+    order: np.ndarray, offsets: np.ndarray, samples: np.ndarray, source: np.ndarray, keep: int
+) -> np.ndarray:
+    """``order`` less packs, ``keep`` left: the latest packs each of whose samples has its source's most
+    copies (dropping one copy of those keeps every sample within one copy of the others: whole passes
+    first), and the last packs where too few are such. ``samples``/``source``: per entry, pack by
+    pack as ``offsets`` delimit them in the planned (not yet ordered) numbering.
+
+    >>> offsets = np.array([0, 2, 3, 4])  # packs: samples [0, 1], [0] (its second copy), [2]
+    >>> _cut(np.array([1, 0, 2]), offsets, np.array([0, 1, 0, 2]), np.zeros(4, dtype=np.int64), 2).tolist()
+    [0, 2]
+    """
+    copies = np.bincount(samples)
+    most = np.zeros(int(source.max(initial=0)) + 1, dtype=np.int64)
+    np.maximum.at(most, source, copies[samples])
+    dropped: list[int] = []
+    for position in range(len(order) - 1, -1, -1):  # from the end: a handful of packs in practice
+        if len(dropped) == len(order) - keep:
+            break
+        members = slice(offsets[order[position]], offsets[order[position] + 1])
+        mine, theirs = samples[members], source[members]
+        if np.all(copies[mine] == most[theirs]) and len(np.unique(mine)) == len(mine):
+            dropped.append(position)
+            np.subtract.at(copies, mine, 1)
+            for s in np.unique(theirs).tolist():  # a source's most copies may fall with them
+                most[s] = int(copies[samples[source == s]].max(initial=0))
+    kept = np.ones(len(order), dtype=bool)
+    kept[dropped] = False
+    if kept.sum() > keep:  # too few packs of top copies only: the last packs go
+        kept[np.flatnonzero(kept)[keep:]] = False
+    return order[kept]
 
 
 def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> MixtureWindowError:

@@ -225,7 +225,11 @@ def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.nda
         middle = min(max(guess, low_tokens + 1), high_tokens - 1)
         if not low_tokens < middle < high_tokens:
             break
-        selection = resolve(middle)
+        try:
+            selection = resolve(middle)
+        except InfeasibleMixtureError:  # under the feasible high: a total too small for some source
+            low_tokens, low_packs = middle, 0
+            continue
         found = len(plan(selection).plan)
         if found >= packs:
             high, high_tokens, high_packs = selection, middle, found
