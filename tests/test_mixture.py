@@ -432,3 +432,93 @@ def test_just_past_the_largest_total_is_named_so_and_its_largest_is_accepted():
     cap = float(re.search(r"max_repetitions ([\d.]+)$", message)[1])
     assert cap == 2.01
     resolve_mixture(lengths, supervised, source, [1, 1], by=by, max_repetitions=cap, total_tokens=printed + 1)
+
+
+def _subsampled_source(seed: int) -> tuple[int | None, str | None]:
+    """Source 0 holds a sample of 2 tokens and one of 200, source 1 fifty of 100; at 1:99 of 1,000
+    tokens source 0's quota is 10: the seeded subsample takes the 2 where it comes first, and nothing
+    where the 200 does (over twice the quota). What source 0 is taken, or the error."""
+    lengths = np.array([2, 200] + [100] * 50)
+    source = np.repeat([0, 1], [2, 50])
+    try:
+        chosen = resolve_mixture(lengths, lengths, source, [1, 99], total_tokens=1_000, seed=seed)
+    except InfeasibleMixtureError as error:
+        return None, str(error)
+    return int(chosen.chosen[0]), None
+
+
+def test_a_source_taken_nothing_is_told_the_sample_its_seed_put_first():
+    """The tester's chat.jsonl: a quota of 75.6 supervised tokens, its smallest sample 11, and the error
+    said the quota was under half of that smallest sample; it was under half of the 204 that the
+    seeded order put first, and other seeds took a sample."""
+    outcomes = [_subsampled_source(seed) for seed in range(16)]
+    failed = [message for _, message in outcomes if message is not None]
+    taken = [chosen for chosen, _ in outcomes if chosen is not None]
+    assert failed and taken  # the seed decides
+    for message in failed:
+        assert message.startswith(
+            "the mixture takes nothing of source 0: its quota of 10.0 tokens is under half of the first "
+            "sample its seeded subsample takes (200 tokens; its smallest holds 2): another seed may take "
+            "a smaller one first, or ask for a larger mixture in total_tokens"
+        ), message
+    assert set(taken) == {2}
+
+
+def test_a_quota_under_half_of_every_sample_says_no_seed_helps():
+    lengths = np.array([2, 200] + [100] * 50)
+    source = np.repeat([0, 1], [2, 50])
+    for seed in range(4):
+        with pytest.raises(InfeasibleMixtureError) as raised:
+            resolve_mixture(lengths, lengths, source, [1, 99], total_tokens=100, seed=seed)
+        message = str(raised.value)
+        assert (
+            "its quota of 1.0 tokens is under half of its smallest sample (2 tokens), whatever the seed; "
+            "ask for a larger mixture in total_tokens, or give it a larger weight"
+        ) in message, message
+        assert "total_tokens" in raised.value.parameters
+    # no total: the largest mixture at the cap; a larger mixture is not the user's to ask for
+    lengths, supervised = np.array([11, 30, 5, 8]), np.array([11, 30, 5, 8])
+    with pytest.raises(InfeasibleMixtureError) as raised:
+        resolve_mixture(lengths, supervised, np.array([0, 0, 1, 1]), [1, 1e-9], names=["a.jsonl", "b.jsonl"])
+    message = str(raised.value)
+    assert message == (
+        "the mixture takes nothing of b.jsonl: its quota of 0.0 tokens is under half of its smallest "
+        "sample (5 tokens), whatever the seed; its weight is too small for any sample: give it a larger "
+        "weight"
+    )
+    assert "larger mixture" not in message and "max_repetitions" not in message
+
+
+def _four_unequal_sources() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tester's four inputs, each of equal rows: runtime tokens per supervised token 1.8, 29.4, 2.4
+    and 5.0 (chat, long prompts, short rows, rows with little answer)."""
+    rows = [(120, 214, 116), (40, 941, 32), (400, 24, 10), (20, 90, 18)]
+    lengths = np.concatenate([[length] * count for count, length, _ in rows])
+    supervised = np.concatenate([[answer] * count for count, _, answer in rows])
+    return lengths, supervised, np.repeat(np.arange(4), [count for count, _, _ in rows])
+
+
+def test_every_reachable_total_names_a_closest_mixture_that_is_accepted():
+    """At 4:3:2:1 of the supervised tokens and a cap of 3 the tester's totals of 205k, 210k, 212k,
+    223k, 224,000 and 224,400 (of 224,430 held) named no closest mixture: with the capped sources'
+    shares rounded down and the rest given to the cheapest (in runtime tokens), the runtime tokens
+    per supervised token fell and every capped quota rose past its cap."""
+    lengths, supervised, source = _four_unequal_sources()
+    by, cap = "supervised-tokens", 3
+    held = cap * int(lengths.sum())
+    largest = int(
+        lengths[
+            resolve_mixture(lengths, supervised, source, [4, 3, 2, 1], by=by, max_repetitions=cap).samples
+        ].sum()
+    )
+    for asked in np.linspace(largest * 1.05, held - 30, 60).astype(int).tolist():
+        with pytest.raises(InfeasibleMixtureError) as raised:
+            resolve_mixture(
+                lengths, supervised, source, [4, 3, 2, 1], by=by, max_repetitions=cap, total_tokens=asked
+            )
+        closest = _closest(str(raised.value))
+        assert sum(closest) == pytest.approx(100)
+        chosen = resolve_mixture(
+            lengths, supervised, source, closest, by=by, max_repetitions=cap, total_tokens=asked
+        )
+        assert abs(int(lengths[chosen.samples].sum()) - asked) < 1_000

@@ -23,6 +23,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from tightpack.core.mixture_caps import closest_quotas, fits_cap, within_caps
 from tightpack.errors import TightpackError
 
 __all__ = [
@@ -187,7 +188,7 @@ def resolve_mixture(
         total = largest
     else:
         total = total_tokens / float((targets * tokens_per_unit).sum())
-        if not _fits(targets, available, tokens_per_unit, max_repetitions, total_tokens):
+        if not fits_cap(targets, available, tokens_per_unit, max_repetitions, total_tokens):
             raise InfeasibleMixtureError(
                 _infeasible(total_tokens, targets, available, tokens, names, by, max_repetitions),
                 parameters=("max_repetitions", "total_tokens", "weights"),
@@ -202,7 +203,7 @@ def resolve_mixture(
             parameters=("max_repetitions", "total_tokens"),
         )
     rng_seeds = np.random.SeedSequence(seed).spawn(count)
-    parts, passes, chosen = [], [], np.zeros(count, np.int64)
+    parts, passes, chosen, firsts = [], [], np.zeros(count, np.int64), np.zeros(count, np.int64)
     for s in range(count):
         members = np.flatnonzero(source == s)
         ratio = quotas[s] / available[s]
@@ -219,12 +220,19 @@ def resolve_mixture(
         parts.append(part)
         passes.append(np.repeat(np.arange(whole + 1), [len(members)] * whole + [k]))
         chosen[s] = int(measure[part].sum())
+        firsts[s] = int(measure[order[np.argmax(measure[order] > 0)]]) if len(order) else 0
     if (chosen == 0).any():
         none = int(np.argmax(chosen == 0))
         raise InfeasibleMixtureError(
-            f"the mixture takes nothing of {names[none]}: its quota of {quotas[none]:.1f} {_unit(by)} is "
-            "under half of its smallest sample; ask for a larger mixture (or a larger max_repetitions)",
-            parameters=("max_repetitions",),
+            _takes_nothing(
+                names[none],
+                float(quotas[none]),
+                int(firsts[none]),
+                int(measure[(source == none) & (measure > 0)].min()),
+                by,
+                total_tokens is not None,
+            ),
+            parameters=("total_tokens", "weights"),
         )
     samples = np.concatenate(parts)
     return MixtureSelection(
@@ -239,17 +247,28 @@ def resolve_mixture(
     )
 
 
+def _takes_nothing(name: str, quota: float, first: int, smallest: int, by: str, has_total: bool) -> str:
+    """The message of a source whose quota takes no sample. Its subsample is the prefix of a seeded
+    order nearest its quota: the quota is under half of the ``first`` sample of that order (with
+    some measure), which the seed picks; under half of its ``smallest`` sample too, no seed takes one."""
+    unit = _unit(by)
+    text = f"the mixture takes nothing of {name}: its quota of {quota:.1f} {unit} is under half of "
+    if 2 * quota <= smallest:
+        text += f"its smallest sample ({smallest:,} {unit}), whatever the seed; "
+        if not has_total:
+            return text + "its weight is too small for any sample: give it a larger weight"
+    else:
+        text += (
+            f"the first sample its seeded subsample takes ({first:,} {unit}; its smallest holds "
+            f"{smallest:,}): another seed may take a smaller one first, or "
+        )
+    if has_total:
+        return text + "ask for a larger mixture in total_tokens, or give it a larger weight"
+    return text + "give it a larger weight"
+
+
 def _unit(by: str) -> str:
     return {"tokens": "tokens", "supervised-tokens": "supervised tokens", "samples": "samples"}[by]
-
-
-def _fits(
-    targets: np.ndarray, available: np.ndarray, tokens_per_unit: np.ndarray, cap: float, total_tokens: float
-) -> bool:
-    """Whether a mixture of ``total_tokens`` runtime tokens at the shares ``targets`` (of the measure)
-    takes no source past ``cap`` times its ``available`` measure: `resolve_mixture`'s test."""
-    largest = float((cap * available / targets).min())
-    return total_tokens / float((targets * tokens_per_unit).sum()) <= largest * (1 + 1e-9)
 
 
 def _infeasible(
@@ -318,12 +337,17 @@ def _printed_shares(
     names: Sequence[str],
 ) -> list[str] | None:
     """The shares of ``quotas`` as percentages that, given as weights with ``total_tokens`` at
-    ``cap``, pass `_fits` and do not print as ``targets`` (the asked mixture): the ``capped`` sources'
-    rounded down, the others' rounded so that they sum to 100; to 0.1%, or 0.01% or 0.001% where that
-    is needed. None where none of these does."""
+    ``cap``, pass `fits_cap` and do not print as ``targets`` (the asked mixture): the ``capped`` sources'
+    rounded down, the others' rounded so that they sum to 100; where that takes a source past its cap
+    (a capped source rounded down less than the others lowers the runtime tokens per unit, and so
+    raises every quota), a unit of the last decimal moves from the source furthest past its cap to
+    the one that can take it with the most runtime tokens per unit. To 0.1%, or to as many more
+    decimals (up to 6) as that needs for every share to be within 0.1 of a point of its quota's and
+    none to be 0. None where none of these does."""
     shares = quotas / quotas.sum()
     free = np.flatnonzero(~capped)
-    for decimals in (1, 2, 3):
+    limits = cap * available.astype(np.float64)  # the measure each source holds at the cap
+    for decimals in range(1, 7):
         scaled = shares * 10 ** (decimals + 2)
         counts = np.floor(scaled + np.where(capped, 0, 1e-9)).astype(np.int64)
         rest = 10 ** (decimals + 2) - int(counts.sum())
@@ -332,43 +356,13 @@ def _printed_shares(
         by_remainder = free[np.argsort(-(scaled - counts)[free], kind="stable")]
         for step in range(rest):  # the rest to the sources below their cap, largest remainder first
             counts[by_remainder[step % len(by_remainder)]] += 1
+        counts = within_caps(counts, limits, tokens_per_unit, total_tokens)
+        if counts is None or np.abs(counts - scaled).max() > 10 ** (decimals - 1):  # 0.1 of a point
+            continue
         weights = counts / 10**decimals  # what the user gives back: 52.4 for 52.4%
         printed = [f"{weight:.{decimals}f}%" for weight in weights]
-        if (counts == 0).any() or printed == [f"{100 * target:.{decimals}f}%" for target in targets]:
+        if printed == [f"{100 * target:.{decimals}f}%" for target in targets]:
             continue
-        if _fits(check_weights(weights.tolist(), names), available, tokens_per_unit, cap, total_tokens):
+        if fits_cap(check_weights(weights.tolist(), names), available, tokens_per_unit, cap, total_tokens):
             return printed
-    return None
-
-
-def closest_quotas(
-    targets: np.ndarray, caps: np.ndarray, cost: np.ndarray, total: float
-) -> np.ndarray | None:
-    """The quotas nearest the shares ``targets`` whose cost (``quotas * cost``) is ``total`` when no
-    quota may pass its cap (``caps``): capped sources at their cap, the rest in proportion to their
-    targets. None when every source at its cap costs less than ``total``.
-
-    With ``cost`` the runtime tokens per unit of the measure and ``total`` the runtime tokens asked,
-    these are the measure of each source in the closest mixture of that many tokens.
-
-    >>> caps = np.array([10.0, 1.0, 10.0])
-    >>> closest_quotas(np.array([0.5, 0.3, 0.2]), caps, np.ones(3), 10).round(4).tolist()
-    [6.4286, 1.0, 2.5714]
-    >>> closest_quotas(np.array([0.5, 0.5]), np.array([10.0, 1.0]), np.array([1.0, 4.0]), 10).tolist()
-    [6.0, 1.0]
-    >>> print(closest_quotas(np.array([0.5, 0.5]), np.array([10.0, 1.0]), np.array([1.0, 4.0]), 20))
-    None
-    """
-    quotas = np.zeros_like(targets, dtype=np.float64)
-    free = np.ones(len(targets), dtype=bool)
-    remaining = float(total)
-    while free.any():
-        proposal = targets * remaining / float((targets[free] * cost[free]).sum())
-        over = free & (proposal > caps * (1 + 1e-12))  # a source exactly at its cap is not over it
-        if not over.any():
-            quotas[free] = proposal[free]
-            return quotas
-        quotas[over] = caps[over]
-        remaining -= float((caps[over] * cost[over]).sum())
-        free &= ~over
     return None
