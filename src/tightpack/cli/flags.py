@@ -62,6 +62,7 @@ FLAGS = {
     "total_packs": "--mix-packs",
     "window_packs": "--mix-window",
     "tolerance": "--mix-tolerance",
+    "seed": "--seed",
     "MixtureConfig(weights=..., max_repetitions=...)": "--weights ... --max-repetitions",
 }
 """Python spelling -> the flag of ``tightpack pack`` (and ``plan``, ``calibrate``) that sets it."""

@@ -232,7 +232,7 @@ def resolve_mixture(
                 by,
                 total_tokens is not None,
             ),
-            parameters=("total_tokens", "weights"),
+            parameters=("total_tokens", "weights", "seed"),
         )
     samples = np.concatenate(parts)
     return MixtureSelection(
