@@ -12,11 +12,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tightpack.core.mixture import InfeasibleMixtureError, resolve_mixture, sample_measure
+from tightpack.core.mixture_chunks import pack_chunks
 from tightpack.core.mixture_plan import (
     MixtureWindowError,
     interleave,
     order_packs,
-    pack_chunks,
     plan_mixture,
     window_deviation,
 )
