@@ -281,19 +281,23 @@ def run_page(
             seconds.append((item.line, kind, time.perf_counter() - started))
     finally:
         os.chdir(previous)
-        namespace.clear()
-        _stop_left_workers()
+        _stop_left_workers(namespace)
     return seconds
 
 
-def _stop_left_workers() -> None:
+def _stop_left_workers(namespace: dict) -> None:
     """Stops the DataLoader workers a page left running, now rather than when the next page happens to
     collect them: Energon's persistent workers do not answer the shutdown, so each costs the join's
     timeout (``MP_STATUS_CHECK_INTERVAL``, 5 s) before it is terminated; a short one here ends them at
-    once, as the timeout would."""
+    once, as the timeout would. Only after a page that made a DataLoader: a collection costs a
+    second or so once torch is loaded."""
     if "torch" not in sys.modules:
         return
-    from torch.utils.data import _utils
+    from torch.utils.data import DataLoader, _utils
+
+    if not any(isinstance(value, DataLoader) for value in namespace.values()):
+        return
+    namespace.clear()
 
     interval = _utils.MP_STATUS_CHECK_INTERVAL
     _utils.MP_STATUS_CHECK_INTERVAL = 0.1
