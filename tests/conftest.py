@@ -20,6 +20,12 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     # where torch's default of a thread per core would have them take the cores from each other.
     for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_variable, "1")
+    try:  # torch may be loaded already (by a plugin), its pool sized: the variable alone came too late
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
 
 import importlib
 import io
