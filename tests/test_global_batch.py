@@ -68,19 +68,27 @@ def run(rank: int, restore: bool, resume_after: int | None = None) -> list[dict]
     ]
 
 
-def worker(rank: int, store: str, out: str) -> None:
+def run_ranks(target, tmp_path) -> list[dict]:
+    """``target(rank)`` on every rank, in a gloo process group of its own; what each returned."""
+    mp.spawn(_on_rank, args=(target, str(tmp_path / "store"), str(tmp_path)), nprocs=RANKS, join=True)
+    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(RANKS)]
+
+
+def _on_rank(rank: int, target, store: str, out: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, RANKS), rank=rank, world_size=RANKS)
     try:
-        results = {"restore": run(rank, True), "exchange": run(rank, False), "resumed": run(rank, True, 2)}
-        torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+        torch.save(target(rank), os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
+def worker(rank: int) -> dict:
+    return {"restore": run(rank, True), "exchange": run(rank, False), "resumed": run(rank, True, 2)}
+
+
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
 def test_two_ranks_draw_balanced_micro_batches_from_one_pool_per_step(tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=RANKS, join=True)
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(RANKS)]
+    ranks = run_ranks(worker, tmp_path)
     samples = stream()
     lengths = np.array([len(s["input_ids"]) for s in samples])
     for name in ("restore", "exchange", "resumed"):
@@ -171,80 +179,75 @@ def error_of(call) -> str | None:
     return None
 
 
-def edge_worker(rank: int, store: str, out: str) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store, RANKS), rank=rank, world_size=RANKS)
-    try:
-        results: dict = {}
-        settings = dict(samples_per_step=64, max_tokens=128)
-        for count in (200, 100, 10):
-            samples = samples_of(count)
-            for restore in (True, False):
-                steps, packer = steps_of(samples, restore, **settings)
-                resumed, _ = steps_of(samples, restore, 2, **settings)
-                after_end = GlobalBatchPacker(source_of(samples), **settings)  # starts past the end
-                after_end.load_state_dict(packer.state_dict())
-                results[("keep", count, restore)] = (
-                    [step.keys for step in steps],
-                    [step.keys for step in resumed],
-                    len(list(after_end)),
-                )
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                steps, packer = steps_of(samples, drop_last=True, **settings)
-                resumed, _ = steps_of(samples, True, 2, drop_last=True, **settings)
-            results[("drop", count)] = (
+def edge_worker(rank: int) -> dict:
+    results: dict = {}
+    settings = dict(samples_per_step=64, max_tokens=128)
+    for count in (200, 100, 10):
+        samples = samples_of(count)
+        for restore in (True, False):
+            steps, packer = steps_of(samples, restore, **settings)
+            resumed, _ = steps_of(samples, restore, 2, **settings)
+            after_end = GlobalBatchPacker(source_of(samples), **settings)  # starts past the end
+            after_end.load_state_dict(packer.state_dict())
+            results[("keep", count, restore)] = (
                 [step.keys for step in steps],
                 [step.keys for step in resumed],
-                packer.left_out,
-                packer.state_dict()["left_out"],
-                [str(w.message) for w in caught],
+                len(list(after_end)),
             )
-        for kind in ("input_ids", "labels"):
-            samples = samples_of(40, kind)
-            steps, _ = steps_of(samples, samples_per_step=20, max_tokens=96)
-            contributions, masks = [], []
-            for step in steps:
-                ones = [torch.ones(batch["input_ids"].shape) for batch in step.micro_batches]
-                contributions.append(
-                    sum(
-                        float(packed_step_loss(loss, batch, step.denominators))
-                        for loss, batch in zip(ones, step.micro_batches, strict=True)
-                    )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            steps, packer = steps_of(samples, drop_last=True, **settings)
+            resumed, _ = steps_of(samples, True, 2, drop_last=True, **settings)
+        results[("drop", count)] = (
+            [step.keys for step in steps],
+            [step.keys for step in resumed],
+            packer.left_out,
+            packer.state_dict()["left_out"],
+            [str(w.message) for w in caught],
+        )
+    for kind in ("input_ids", "labels"):
+        samples = samples_of(40, kind)
+        steps, _ = steps_of(samples, samples_per_step=20, max_tokens=96)
+        contributions, masks = [], []
+        for step in steps:
+            ones = [torch.ones(batch["input_ids"].shape) for batch in step.micro_batches]
+            contributions.append(
+                sum(
+                    float(packed_step_loss(loss, batch, step.denominators))
+                    for loss, batch in zip(ones, step.micro_batches, strict=True)
                 )
-                masks.append([batch["loss_mask"][0].tolist() for batch in step.micro_batches])
-            untouched = all("loss_mask" not in sample for sample in samples)
-            results[("mask", kind)] = ([step.keys for step in steps], contributions, masks, untouched)
-        for settings in (dict(samples_per_step=20, max_tokens=96), dict(samples_per_step=4, micro_batches=4)):
-            steps, _ = steps_of(samples_of(40), pad_to_multiple_of=8, **settings)
-            results[("aligned", settings["samples_per_step"])] = [
-                [
-                    (
-                        keys,
-                        int(batch["input_ids"].shape[1]),
-                        int(step.plan.tokens[rank, index]),
-                        batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"]).tolist(),
-                    )
-                    for index, (keys, batch) in enumerate(zip(step.keys, step.micro_batches, strict=True))
-                ]
-                for step in steps
+            )
+            masks.append([batch["loss_mask"][0].tolist() for batch in step.micro_batches])
+        untouched = all("loss_mask" not in sample for sample in samples)
+        results[("mask", kind)] = ([step.keys for step in steps], contributions, masks, untouched)
+    for settings in (dict(samples_per_step=20, max_tokens=96), dict(samples_per_step=4, micro_batches=4)):
+        steps, _ = steps_of(samples_of(40), pad_to_multiple_of=8, **settings)
+        results[("aligned", settings["samples_per_step"])] = [
+            [
+                (
+                    keys,
+                    int(batch["input_ids"].shape[1]),
+                    int(step.plan.tokens[rank, index]),
+                    batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"]).tolist(),
+                )
+                for index, (keys, batch) in enumerate(zip(step.keys, step.micro_batches, strict=True))
             ]
-        keyless = samples_of(16)
-        del keyless[5]["key"]  # position 5: rank 1's in the second step of 4
-        oversize = samples_of(16)
-        oversize[7] = {"key": 7, "input_ids": torch.arange(200)}
-        results["errors"] = [
-            error_of(lambda: steps_of(keyless, samples_per_step=4, max_tokens=128)),
-            error_of(lambda: steps_of(oversize, samples_per_step=4, max_tokens=128)),
+            for step in steps
         ]
-        torch.save(results, os.path.join(out, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    keyless = samples_of(16)
+    del keyless[5]["key"]  # position 5: rank 1's in the second step of 4
+    oversize = samples_of(16)
+    oversize[7] = {"key": 7, "input_ids": torch.arange(200)}
+    results["errors"] = [
+        error_of(lambda: steps_of(keyless, samples_per_step=4, max_tokens=128)),
+        error_of(lambda: steps_of(oversize, samples_per_step=4, max_tokens=128)),
+    ]
+    return results
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
 def test_two_ranks_keep_or_report_the_short_last_step_mask_and_align_every_micro_batch(tmp_path):
-    mp.spawn(edge_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=RANKS, join=True)
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(RANKS)]
+    ranks = run_ranks(edge_worker, tmp_path)
     for count in (200, 100, 10):
         for restore in (True, False):  # drop_last=False: every key once, the short last step included
             runs = [r[("keep", count, restore)] for r in ranks]
