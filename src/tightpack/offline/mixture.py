@@ -194,8 +194,9 @@ def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.nda
     The packs' tokens (every pack full; doubled while the quotas' rounding leaves a pack short) bound
     it from above unless the cap does; then the largest mixture the cap allows does, and fewer packs
     than asked is an error naming the most it fills.
-    Between, the total is narrowed (interpolated, halved when that stalls) until its plan has exactly
-    ``packs`` packs or no total between two neighbours is left: a count met exactly needs no cut, so
+    Between, the total is narrowed (interpolated between the totals that fill too few and enough
+    packs, at most `PACK_SEARCH_ROUNDS` plans) until its plan has exactly ``packs`` packs or no total
+    is left between the two: a count met exactly needs no cut, so
     every source keeps its whole passes first and its quota to half a sample.
     """
     high_tokens, largest = packs * pack_size, False
