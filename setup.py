@@ -1,4 +1,4 @@
-"""Build script for the native planner kernels (one small C file, no third-party headers)."""
+"""Build script for the native planner kernels (small C files, no third-party headers)."""
 
 from setuptools import Extension, setup
 
@@ -8,6 +8,11 @@ setup(
             "tightpack.core._firstfit",
             sources=["src/tightpack/core/_firstfit.c"],
             extra_compile_args=["-O3"],
-        )
+        ),
+        Extension(
+            "tightpack.core._global_batches",
+            sources=["src/tightpack/core/_global_batches.c"],
+            extra_compile_args=["-O3"],
+        ),
     ]
 )

@@ -56,15 +56,18 @@ def test_megatron_index_keeps_every_prefix_within_one_sample_of_the_weights(benc
     assert np.array_equal(which, again)
 
 
-def test_every_window_counted_alike_with_window_deviation(bench):
+def test_every_batch_counted_alike_with_window_deviation(bench):
+    """The bench's batches are window_deviation's; its windows from any first pack include them."""
     from tightpack.core.mixture_plan import window_deviation
 
     composition = np.random.default_rng(1).integers(0, 50, (300, 3)).astype(float)
-    composition[5:9] = 0  # windows with nothing of the measure are left out by both
+    composition[5:9] = 0  # batches with nothing of the measure are left out by both
     targets = np.array([0.5, 0.3, 0.2])
     for window in (1, 8, 64, 1000):
-        every = bench.window_points(composition, targets, window)
+        every = bench.batch_points(composition, targets, window)
+        assert len(every) == (300 // min(window, 300)) - (4 if window == 1 else 0)
         assert every.max() == pytest.approx(window_deviation(composition, targets, window).points)
+        assert bench.sliding_points(composition, targets, window) >= every.max()
 
 
 def test_every_method_measures_the_same_data(bench):

@@ -220,13 +220,13 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
     code, out, err = tightpack("pack", *inputs, "-o", "out", "--pack-size", "1024", *mix)
     assert code == 0, err
     assert "mixture by supervised-tokens (target -> achieved; repetitions):" in out
-    assert "worst window of 4 packs" in out
+    assert "worst global batch of 4 packs" in out
     assert re.search(r"of which repeats \(mixture\)\W+[\d,]+", out) and re.search(
         r"left out by the mixture\W+\d", out
     )
     code, out, err = tightpack("inspect", "out", "--plot", "plot.png")
     assert code == 0, err
-    assert "mixture by supervised-tokens: worst window of 4 packs" in " ".join(out.split())
+    assert "mixture by supervised-tokens: worst global batch of 4 packs" in " ".join(out.split())
     assert (tmp_path / "plot.mixture.png").stat().st_size > 10_000
     code, out, err = tightpack("verify", "out")
     assert code == 0 and "3 mixture sources" in out, out + err
@@ -253,12 +253,14 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
         assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
 
 
-def test_inspect_draws_the_windows_a_run_reads_and_its_html_holds_the_mixture_table(
+def test_inspect_draws_the_batches_a_run_reads_and_its_html_holds_the_mixture_table(
     sources, tmp_path, capsys, monkeypatch
 ):
-    """18 packs in windows of 4: four full windows and a last one of 2 packs. The plot's steps are the
-    shares of each window counted here from the Parquet rows, the last one drawn as partial across its
-    2 packs; the HTML report holds the table ``inspect`` prints, its figures those of the rows."""
+    """18 packs in global batches of 4: four full batches and a last one of 2 packs. The plot's steps
+    are the shares of each batch counted here from the Parquet rows, the last one drawn as partial
+    across its 2 packs (its deviation, counted here, in its label); the manifest's worst batch is the
+    worst full one counted here; the HTML report holds the table ``inspect`` prints, its figures those
+    of the rows."""
     from tightpack.cli import main
     from tightpack.reports.mixture import mixture_figure, mixture_table, mixture_title
 
@@ -284,12 +286,17 @@ def test_inspect_draws_the_windows_a_run_reads_and_its_html_holds_the_mixture_ta
     axes = mixture_figure(mixture, packs=18).axes[0]
     lines = {line.get_label(): line for line in axes.lines}
     for s, entry in enumerate(mixture["sources"]):
-        full, partial = lines[entry["name"]], lines[f"{entry['name']}, partial last window"]
+        full, partial = lines[entry["name"]], lines[f"{entry['name']}, partial last batch"]
         np.testing.assert_array_equal(full.get_xdata(), edges[:-1])
         np.testing.assert_allclose(full.get_ydata(), [*shares[:4, s], shares[3, s]], atol=1e-6)
         np.testing.assert_array_equal(partial.get_xdata(), [16, 18])
         np.testing.assert_allclose(partial.get_ydata(), [shares[4, s]] * 2, atol=1e-6)
-    assert "partial last window: 2 of 4 packs (dotted)" in [patch.get_label() for patch in axes.patches]
+    off = 100 * np.abs(shares - [0.5, 0.3, 0.2]).max(axis=1)
+    assert mixture["windows"]["worst_points"] == pytest.approx(off[:4].max())
+    assert mixture["windows"]["worst_first_pack"] == 4 * int(np.argmax(off[:4]))
+    assert mixture["windows"]["last_batch_packs"] == 2
+    partial_label = f"partial last batch: 2 of 4 packs (dotted), {off[4]:.2f} points off"
+    assert partial_label in [patch.get_label() for patch in axes.patches]
     assert (tmp_path / "plot.mixture.png").stat().st_size > 10_000
 
     page = Page((tmp_path / "report.html").read_text(encoding="utf-8"))

@@ -322,11 +322,18 @@ def test_inspect_figure_plots_the_arrays(packed):
 
 def mixture_section(window_shares: list[list[float]], window: int = 8) -> dict:
     """A manifest's ``mixture`` section with what `mixture_figure` reads: two sources, 60/40 by tokens,
-    the worst window of ``window`` packs from pack 5."""
+    the worst global batch of ``window`` packs the second, the last (partial when the packs are not a
+    multiple of the batch) 40 points off."""
     return {
         "mix_by": "tokens",
         "sources": [{"name": "a.jsonl", "target_share": 0.6}, {"name": "b.jsonl", "target_share": 0.4}],
-        "windows": {"window_packs": window, "worst_points": 12.5, "worst_source": 0, "worst_first_pack": 5},
+        "windows": {
+            "window_packs": window,
+            "worst_points": 12.5,
+            "worst_source": 0,
+            "worst_first_pack": window,
+            "last_batch_points": 40.0,
+        },
         "window_shares": window_shares,
     }
 
@@ -336,10 +343,11 @@ def spans_by_label(axes) -> dict[str, tuple[float, float]]:
     return {patch.get_label(): (patch.get_x(), patch.get_x() + patch.get_width()) for patch in axes.patches}
 
 
-def test_mixture_figure_draws_a_partial_last_window_as_partial():
-    """19 packs in windows of 8: two full windows (packs 0-7, 8-15) and one of 3 packs (16-18). Each
-    full window is a step across its 8 packs; the partial one is a dotted line across its 3 packs over
-    a grey band whose label gives its size, not a step like the others (nor a spike at pack 16)."""
+def test_mixture_figure_draws_a_partial_last_batch_as_partial():
+    """19 packs in global batches of 8: two full batches (packs 0-7, 8-15) and one of 3 packs (16-18).
+    Each full batch is a step across its 8 packs; the partial one is a dotted line across its 3 packs
+    over a grey band whose label gives its size and deviation, not a step like the others (nor a spike
+    at pack 16)."""
     shares = [[0.6, 0.4], [0.5, 0.5], [1.0, 0.0]]
     axes = axes_by_label(mixture_figure(mixture_section(shares), packs=19, path="out"))["mixture"]
     lines = lines_by_label(axes)
@@ -348,37 +356,39 @@ def test_mixture_figure_draws_a_partial_last_window_as_partial():
         np.testing.assert_array_equal(full.get_xdata(), [0, 8, 16])  # the second step ends at pack 16
         np.testing.assert_array_equal(full.get_ydata(), [shares[0][s], shares[1][s], shares[1][s]])
         assert full.get_drawstyle() == "steps-post"
-        partial = lines[f"{name}, partial last window"]
+        partial = lines[f"{name}, partial last batch"]
         np.testing.assert_array_equal(partial.get_xdata(), [16, 19])
         np.testing.assert_array_equal(partial.get_ydata(), [shares[2][s]] * 2)
         assert partial.get_linestyle() == ":"
     spans = spans_by_label(axes)
-    assert spans["partial last window: 3 of 8 packs (dotted)"] == (16, 19)
-    assert spans["worst window: packs 5-12 (from any pack)"] == (5, 13)
+    assert spans["partial last batch: 3 of 8 packs (dotted), 40.00 points off"] == (16, 19)
+    assert spans["worst full batch: packs 8-15"] == (8, 16)
     legend = [text.get_text() for text in axes.get_legend().get_texts()]
     assert legend == [
         "a.jsonl",
         "b.jsonl",
         "target share",
-        "partial last window: 3 of 8 packs (dotted)",
-        "worst window: packs 5-12 (from any pack)",
+        "partial last batch: 3 of 8 packs (dotted), 40.00 points off",
+        "worst full batch: packs 8-15",
     ]
-    assert "windows consecutive, not overlapping" in axes.get_xlabel()
-    assert axes.get_title().startswith("out: mixture by tokens: worst window of 8 packs 12.50 points off")
+    assert "a step per global batch of 8 packs" in axes.get_xlabel()
+    assert axes.get_title() == (
+        "out: mixture by tokens: worst global batch of 8 packs: 12.50 points off (batch 1, packs 8-15)"
+    )
 
 
-def test_mixture_figure_of_whole_windows_has_no_partial_one():
+def test_mixture_figure_of_whole_batches_has_no_partial_one():
     shares = [[0.6, 0.4], [0.55, 0.45]]
     axes = axes_by_label(mixture_figure(mixture_section(shares), packs=16))["mixture"]
     lines = lines_by_label(axes)
     assert sorted(name for name in lines if not name.startswith("_")) == ["a.jsonl", "b.jsonl"]
     np.testing.assert_array_equal(lines["a.jsonl"].get_xdata(), [0, 8, 16])
     np.testing.assert_array_equal(lines["a.jsonl"].get_ydata(), [0.6, 0.55, 0.55])
-    assert list(spans_by_label(axes)) == ["worst window: packs 5-12 (from any pack)"]
+    assert list(spans_by_label(axes)) == ["worst full batch: packs 8-15"]
 
 
-def test_mixture_figure_leaves_a_window_without_the_measure_blank():
-    """A window with no supervised tokens has no shares: a gap, not every source at 0."""
+def test_mixture_figure_leaves_a_batch_without_the_measure_blank():
+    """A batch with no supervised tokens has no shares: a gap, not every source at 0."""
     axes = axes_by_label(mixture_figure(mixture_section([[0.0, 0.0], [0.5, 0.5]]), packs=16))["mixture"]
     np.testing.assert_array_equal(lines_by_label(axes)["b.jsonl"].get_ydata(), [np.nan, 0.5, 0.5])
 
@@ -386,7 +396,8 @@ def test_mixture_figure_leaves_a_window_without_the_measure_blank():
 def test_mixture_figure_refuses_packs_its_windows_do_not_cover():
     with pytest.raises(
         TightpackError,
-        match=r"^the manifest's mixture has 3 windows of 8 packs but the dataset has 30 packs, which make 4: "
+        match=r"^the manifest's mixture has 3 global batches of 8 packs but the dataset has 30 packs, which "
+        r"make 4: "
         r"its files are not the ones it was packed into; run tightpack verify on it",
     ):
         mixture_figure(mixture_section([[0.6, 0.4]] * 3), packs=30)

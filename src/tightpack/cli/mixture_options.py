@@ -16,6 +16,7 @@ import typer
 from tightpack.core.mixture_plan import DEFAULT_WINDOW
 from tightpack.errors import TightpackError
 from tightpack.offline.mixture import MixtureConfig
+from tightpack.reports.mixture import worst_batch
 
 
 class MixBy(str, Enum):
@@ -56,14 +57,15 @@ MixPacks = Annotated[int | None, typer.Option(help="With --weights: the mixture'
 MixWindow = Annotated[
     int,
     typer.Option(
-        help="With --weights: packs per window whose shares are measured (a global batch, in packs)."
+        help="With --weights: packs per global batch; every batch of this many consecutive packs holds "
+        "the mixture (set it to your global batch size in packs)."
     ),
 ]
 MixTolerance = Annotated[
     float | None,
     typer.Option(
-        help="With --weights: stop when a window's share of a source is further than this many percentage "
-        "points from its target (default: report the worst window only)."
+        help="With --weights: stop when a global batch's share of a source is further than this many "
+        "percentage points from its target (default: report the worst batch only)."
     ),
 ]
 
@@ -131,7 +133,7 @@ def mixture_config(
 
 def mixture_lines(mixture: dict[str, Any]) -> list[str]:
     """What ``tightpack pack`` prints of a mixture run: every source's target and achieved share, its
-    repetitions, and the worst window."""
+    repetitions, and the worst global batch (the last, partial one apart)."""
     windows = mixture["windows"]
     lines = [f"mixture by {mixture['mix_by']} (target -> achieved; repetitions):"]
     for source in mixture["sources"]:
@@ -139,8 +141,10 @@ def mixture_lines(mixture: dict[str, Any]) -> list[str]:
             f"  {source['name']}: {source['target_share']:.2%} -> {source['share']:.2%}; "
             f"{source['repetitions']:.2f}x; {source['sequences']:,} sequences"
         )
-    lines.append(
-        f"worst window of {windows['window_packs']:,} packs: {windows['worst_points']:.2f} points off "
-        f"(packs from {windows['worst_first_pack']:,})"
-    )
+    lines.append(f"worst {worst_batch(windows)}")
+    if windows.get("last_batch_packs"):
+        lines.append(
+            f"last global batch ({windows['last_batch_packs']:,} of {windows['window_packs']:,} packs, "
+            f"counted apart): {windows['last_batch_points']:.2f} points off"
+        )
     return lines

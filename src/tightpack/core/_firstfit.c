@@ -10,9 +10,6 @@
  *     small non-negative keys (lengths, or bin indices) into CSR arrays.
  *   - `expand_groups`, called by `_expand_groups` (algorithm bfd): bfd's groups of identical bins
  *     written out as CSR arrays over sample indices, in one pass over the samples.
- *   - `order_by_deviation`, called by tightpack/core/mixture_plan.py `order_packs`: the packs of a
- *     mixture put in an order whose running deviation from the targets stays small (its docstring
- *     says the rule; a loop over packs whose every step depends on the previous ones).
  *
  * First-fit semantics (identical to a linear scan over the open bins; Megatron-Bridge packing
  * contract, docs/contract.md §2.5):
@@ -353,86 +350,6 @@ done:
     return result;
 }
 
-/* order_by_deviation(deviation: float64 buffer [packs * sources], sources, lookahead, window, order_out:
- * int64 buffer [packs]): a pool holds the next `lookahead` packs in their given order; at each step the
- * pack of the pool is taken whose row leaves the smallest sum of the largest |D[s]| of the running
- * deviation D (the sum of the chosen packs' rows) and, with window > 1, the largest |W[s]| of the
- * trailing window W (the rows of the last window - 1 chosen packs); the earliest on a tie. The next
- * pack then enters the pool. */
-static PyObject *order_by_deviation(PyObject *self, PyObject *args) {
-    Py_buffer deviation, order;
-    Py_ssize_t sources, lookahead, window;
-    if (!PyArg_ParseTuple(args, "y*nnnw*", &deviation, &sources, &lookahead, &window, &order)) return NULL;
-    PyObject *result = NULL;
-    double *running = NULL, *trailing = NULL;
-    Py_ssize_t *pool = NULL;
-    const Py_ssize_t packs = order.len / (Py_ssize_t)sizeof(int64_t);
-    if (sources < 1 || lookahead < 1 || window < 0 ||
-        deviation.len != packs * sources * (Py_ssize_t)sizeof(double)) {
-        PyErr_SetString(PyExc_ValueError, "order_by_deviation: expects float64 [packs * sources], int64 [packs]");
-        goto done;
-    }
-    running = calloc((size_t)sources, sizeof(double));
-    trailing = calloc((size_t)sources, sizeof(double));
-    pool = malloc(sizeof(Py_ssize_t) * (size_t)lookahead);
-    if (running == NULL || trailing == NULL || pool == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const double *rows = (const double *)deviation.buf;
-    int64_t *out = (int64_t *)order.buf;
-    const int windowed = window > 1;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t held = 0, next = 0;
-    while (held < lookahead && next < packs) pool[held++] = next++;
-    for (Py_ssize_t step = 0; step < packs; step++) {
-        Py_ssize_t best = 0;
-        double best_value = -1.0;
-        for (Py_ssize_t j = 0; j < held; j++) {
-            const double *row = rows + pool[j] * sources;
-            double prefix = 0.0, local = 0.0;
-            for (Py_ssize_t s = 0; s < sources; s++) {
-                double x = running[s] + row[s];
-                if (x < 0) x = -x;
-                if (x > prefix) prefix = x;
-                if (windowed) {
-                    double y = trailing[s] + row[s];
-                    if (y < 0) y = -y;
-                    if (y > local) local = y;
-                }
-                if (best_value >= 0 && prefix + local >= best_value) break; /* no better than the best */
-            }
-            if (best_value < 0 || prefix + local < best_value) {
-                best_value = prefix + local;
-                best = j;
-            }
-        }
-        const Py_ssize_t chosen = pool[best];
-        out[step] = chosen;
-        for (Py_ssize_t s = 0; s < sources; s++) running[s] += rows[chosen * sources + s];
-        if (windowed) {
-            for (Py_ssize_t s = 0; s < sources; s++) trailing[s] += rows[chosen * sources + s];
-            if (step + 1 >= window) { /* the window's oldest pack leaves it */
-                const double *old = rows + out[step + 1 - window] * sources;
-                for (Py_ssize_t s = 0; s < sources; s++) trailing[s] -= old[s];
-            }
-        }
-        for (Py_ssize_t j = best; j + 1 < held; j++) pool[j] = pool[j + 1];
-        held--;
-        if (next < packs) pool[held++] = next++;
-    }
-    Py_END_ALLOW_THREADS
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    free(running);
-    free(trailing);
-    free(pool);
-    PyBuffer_Release(&deviation);
-    PyBuffer_Release(&order);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"first_fit", first_fit, METH_VARARGS,
      "first_fit(lengths: int64 buffer, capacity: int, bins_out: int64 buffer, max_bins: int) -> bins opened"},
@@ -442,13 +359,10 @@ static PyMethodDef methods[] = {
      "expand_groups(node_bins, parent, node_key, node_count, table: int64 buffers, values: int32 or int64 "
      "buffer (negative: not packed), value_size: 4 or 8, n_keys: int, order_out: int64 buffer, "
      "offsets_out: int64 buffer) -> None"},
-    {"order_by_deviation", order_by_deviation, METH_VARARGS,
-     "order_by_deviation(deviation: float64 buffer [packs * sources], sources: int, lookahead: int, "
-     "window: int, order_out: int64 buffer [packs]) -> None"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_firstfit", "The planner's native kernels: first fit, counting sort, bfd expansion, mixture order.", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_firstfit", "The planner's native kernels: first fit, counting sort, bfd expansion.", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__firstfit(void) { return PyModule_Create(&module); }

@@ -1,4 +1,4 @@
-"""Packs of a mixture whose shares hold in every window a training run reads, not only overall.
+"""Packs of a mixture whose shares hold in every global batch a training run reads, not only overall.
 
 A run reads packs in order, a global batch at a time: a mixture whose shares are right over the
 whole output but drift along it (all of one source first) trains on a different mixture at every
@@ -16,13 +16,16 @@ steps:
    and the small ones after them in stream order (first fit decreasing over all where that saves
    more), and its packs are shuffled. A chunk holds the mixture, as every stretch of the stream
    does, and fills about as a packing of the whole would.
-3. **Order the packs** (`order_packs`): from a pool of the next ``lookahead`` packs, take the one
-   that keeps smallest the running deviation from the targets plus that of the window it closes.
+3. **Deal into global batches** (`tightpack.core.global_batches.deal_batches`): the packs are dealt
+   into batches of ``window`` packs, each batch holding the targets: a greedy deal, then exchanges
+   of samples of about equal length (or of packs) between the worst batch and the others.
 
-What is guaranteed is what is measured: `window_deviation` counts, over every window of ``window``
-consecutive packs, each source's share against its target, exactly; the plan carries the worst
-window, and ``tolerance`` turns a worst window past it into an error (`MixtureWindowError`) instead
-of an output. The whole output's shares are `resolve_mixture`'s, to half a sample per source.
+What is guaranteed is what is measured: `window_deviation` counts, over every global batch of
+``window`` consecutive packs from the first (the last, partial batch apart), each source's share
+against its target, exactly; the plan carries the worst batch, and ``tolerance`` turns a worst batch
+past it into an error (`MixtureWindowError`) instead of an output. The whole output's shares are
+`resolve_mixture`'s, to half a sample per source; no pack and no global batch holds a sample twice
+where the deal can avoid it (a sample repeated more times than there are batches cannot).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tightpack.core import _firstfit
+from tightpack.core.global_batches import DEFAULT_AIM, deal_batches
 from tightpack.core.mixture import MixtureSelection
 from tightpack.core.mixture_chunks import DEFAULT_CHUNK_PACKS, pack_chunks
 from tightpack.core.planner import PackPlan
@@ -43,32 +46,34 @@ __all__ = [
     "MixtureWindowError",
     "WindowDeviation",
     "interleave",
-    "order_packs",
     "plan_mixture",
     "window_deviation",
 ]
 
 DEFAULT_WINDOW = 64
-"""Packs per window whose shares `plan_mixture` reports by default (a global batch of 64 packs)."""
-
-DEFAULT_LOOKAHEAD = 64
-"""Packs `order_packs` chooses among at each step."""
+"""Packs per global batch whose shares `plan_mixture` holds and reports by default."""
 
 
 class MixtureWindowError(TightpackError):
-    """A window of the plan strays from the targets by more than the asked tolerance."""
+    """A global batch of the plan strays from the targets by more than the asked tolerance."""
 
 
 @dataclass(frozen=True)
 class WindowDeviation:
-    """How far the shares of the worst window of ``window`` consecutive packs stray from the targets.
+    """How far the shares of the worst global batch of ``window`` packs stray from the targets.
+
+    The batches are consecutive and do not overlap: packs ``[0, window)``, ``[window, 2 window)``, and
+    so on. The last batch, when it holds fewer packs (``last_packs``), is counted apart: a run whose
+    sampler drops an incomplete batch never reads it.
 
     Attributes:
-        window: packs per window (the whole plan when it has fewer).
-        points: the largest ``|share - target|`` of any source in any window, in percentage points.
+        window: packs per batch (the whole plan, as one batch, when it has fewer).
+        points: the largest ``|share - target|`` of any source in any full batch, percentage points.
         source: the source of that deviation.
-        first_pack: the first pack of that window.
-        per_source: float64 ``[num_sources]``: each source's worst deviation over the windows, points.
+        first_pack: the first pack of that batch (a multiple of ``window``).
+        per_source: float64 ``[num_sources]``: each source's worst deviation over the full batches.
+        last_packs: packs of the last, incomplete batch (0: every batch is full).
+        last_points: its largest ``|share - target|`` (0 when it has none or holds no measure).
     """
 
     window: int
@@ -76,6 +81,8 @@ class WindowDeviation:
     source: int
     first_pack: int
     per_source: np.ndarray
+    last_packs: int = 0
+    last_points: float = 0.0
 
     def to_dict(self) -> dict:
         return {
@@ -84,6 +91,8 @@ class WindowDeviation:
             "worst_source": self.source,
             "worst_first_pack": self.first_pack,
             "worst_points_per_source": self.per_source.tolist(),
+            "last_batch_packs": self.last_packs,
+            "last_batch_points": self.last_points,
         }
 
 
@@ -96,7 +105,7 @@ class MixturePlan:
         source: int64 ``[len(plan.order)]``: the source of each of the plan's entries.
         composition: float64 ``[len(plan), num_sources]``: each pack's measure from each source.
         targets: float64 ``[num_sources]``: the target shares.
-        windows: the worst window of the plan (`window_deviation`).
+        windows: the worst global batch of the plan (`window_deviation`).
     """
 
     plan: PackPlan
@@ -119,14 +128,15 @@ def plan_mixture(
     pack_size: int,
     *,
     window: int = DEFAULT_WINDOW,
-    lookahead: int = DEFAULT_LOOKAHEAD,
     chunk_packs: int = DEFAULT_CHUNK_PACKS,
     tolerance: float | None = None,
+    aim: float = DEFAULT_AIM,
     max_packs: int | None = None,
     seed: int = 0,
     names: list[str] | None = None,
 ) -> MixturePlan:
-    """Pack the samples of ``selection`` so that every window of ``window`` packs holds the mixture.
+    """Pack the samples of ``selection`` so that every global batch of ``window`` packs holds the
+    mixture.
 
     Args:
         selection: the chosen samples (`tightpack.core.mixture.resolve_mixture`).
@@ -134,18 +144,19 @@ def plan_mixture(
             ``selection.samples`` are.
         measure: ``[num_samples]``: what each sample counts for (`sample_measure`).
         pack_size: tokens per pack.
-        window: packs per window whose shares are measured (a global batch).
-        lookahead: packs `order_packs` chooses among.
+        window: packs per global batch, whose shares are held and measured.
         chunk_packs: packs' worth of the stream packed together (`pack_chunks`).
-        tolerance: percentage points: a window further than this from a target is an error.
+        tolerance: percentage points: a full batch further than this from a target is an error.
+        aim: percentage points: the deal's exchanges stop once every full batch is this close (no
+            further than ``tolerance`` either).
         max_packs: keep this many packs (a target pack count): the latest packs whose samples all
             have their source's most copies are dropped (whole passes first hold), else the last.
         seed: seeds the interleave and the shuffle of each chunk's packs.
         names: the sources' names, for messages.
 
     Raises:
-        MixtureWindowError: with ``tolerance``, when the worst window strays further; the message names
-            the window, the source, and what would help.
+        MixtureWindowError: with ``tolerance``, when the worst full batch strays further; the message
+            names the batch, the source, and what would help.
 
     >>> from tightpack.core.mixture import resolve_mixture
     >>> lengths, supervised = np.full(40, 4), np.full(40, 2)
@@ -156,31 +167,41 @@ def plan_mixture(
     (20, [0.5, 0.5], 0.0)
     """
     targets = selection.targets
-    sources = len(targets)
-    entry_measure = np.asarray(measure, dtype=np.float64)[selection.samples]
-    stream = interleave(entry_measure, selection.source, selection.repetition, targets, seed)
+    measure = np.asarray(measure, dtype=np.float64)
+    lengths = np.asarray(lengths)
+    stream = interleave(measure[selection.samples], selection.source, selection.repetition, targets, seed)
     stream_samples = selection.samples[stream]
-    stream_lengths = np.asarray(lengths)[stream_samples]
+    stream_lengths = lengths[stream_samples]
     most_repeated = float(selection.repetitions.max(initial=1.0))
     chunk_tokens = min(chunk_packs * pack_size, int(stream_lengths.sum() / most_repeated))
     packed = pack_chunks(stream_samples, stream_lengths, pack_size, chunk_tokens, seed)
     entries = stream[packed.order]  # entries, pack by pack
-    packs = len(packed)
-    pack_of = np.repeat(np.arange(packs), packed.pack_sizes)
-    composition = np.bincount(
-        pack_of * sources + selection.source[entries], entry_measure[entries], minlength=packs * sources
-    ).reshape(packs, sources)
-    order = order_packs(composition, targets, lookahead, window)
-    if max_packs is not None and max_packs < packs:
-        order = _cut(order, packed.offsets, selection.samples[entries], selection.source[entries], max_packs)
-    sizes = packed.pack_sizes[order]
-    entries = entries[concatenated_ranges(packed.offsets[order], sizes)]
-    composition = composition[order]
+    kept = np.arange(len(packed))
+    if max_packs is not None and max_packs < len(packed):
+        kept = _cut(kept, packed.offsets, selection.samples[entries], selection.source[entries], max_packs)
+    sizes = packed.pack_sizes[kept]
+    entries = entries[concatenated_ranges(packed.offsets[kept], sizes)]
     plan = PackPlan(
         order=selection.samples[entries], offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     )
+    if tolerance is not None:
+        aim = min(aim, tolerance)
+    dealt = deal_batches(
+        plan,
+        lengths[plan.order],
+        measure[plan.order],
+        selection.source[entries],
+        targets,
+        pack_size,
+        window,
+        aim=aim,
+    )
     mixed = MixturePlan(
-        plan, selection.source[entries], composition, targets, window_deviation(composition, targets, window)
+        dealt.plan,
+        dealt.source,
+        dealt.composition,
+        targets,
+        window_deviation(dealt.composition, targets, window),
     )
     if tolerance is not None and mixed.windows.points > tolerance:
         raise _window_error(mixed, targets, tolerance, names)
@@ -221,54 +242,73 @@ def _cut(
 
 
 def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> MixtureWindowError:
-    """The error of a worst window past ``tolerance``: which packs, which source, how far."""
+    """The error of a worst global batch past ``tolerance``: which packs, which source, how far."""
     windows = plan.windows
     name = names[windows.source] if names else f"source {windows.source}"
     share = plan.composition[windows.first_pack : windows.first_pack + windows.window]
     achieved = share[:, windows.source].sum() / share.sum()
     return MixtureWindowError(
-        f"packs {windows.first_pack}-{windows.first_pack + windows.window - 1} hold {achieved:.1%} of "
-        f"{name} against a target of {targets[windows.source]:.1%}, {windows.points:.2f} points off "
-        f"(tolerance {tolerance:g}): a larger window, a larger pack size or less unequal samples "
-        "per source bring windows closer"
+        f"global batch {windows.first_pack // windows.window} (packs {windows.first_pack}-"
+        f"{windows.first_pack + windows.window - 1}) holds {achieved:.1%} of {name} against a target of "
+        f"{targets[windows.source]:.1%}, {windows.points:.2f} points off (tolerance {tolerance:g}): a "
+        "larger global batch, a larger pack size or less unequal samples per source bring batches closer"
     )
 
 
 def window_deviation(composition: np.ndarray, targets: np.ndarray, window: int) -> WindowDeviation:
-    """The worst share deviation over every window of ``window`` consecutive packs.
+    """The worst share deviation over the global batches of ``window`` packs (`WindowDeviation`).
 
     Args:
-        composition: ``[num_packs, num_sources]``: each pack's measure from each source.
+        composition: ``[num_packs, num_sources]``: each pack's measure from each source, in the order a
+            run reads the packs.
         targets: ``[num_sources]``: the target shares (summing to 1).
-        window: packs per window; a plan with fewer packs is one window.
+        window: packs per global batch; a plan with fewer packs is one batch.
 
-    A window with nothing of the measure (possible with supervised tokens) has no shares and is
-    skipped.
+    The batches are packs ``[k * window, (k + 1) * window)``; a last batch of fewer packs is counted
+    apart (``last_packs``, ``last_points``). A batch with nothing of the measure (possible with
+    supervised tokens) has no shares and counts as on target.
 
     >>> composition = np.array([[3, 1], [1, 3], [2, 2]])
     >>> d = window_deviation(composition, np.array([0.5, 0.5]), 1)
     >>> d.points, d.first_pack
     (25.0, 0)
-    >>> window_deviation(composition, np.array([0.5, 0.5]), 2).points  # packs 1-2: 3 of 8 is 37.5%
+    >>> d = window_deviation(composition, np.array([0.5, 0.5]), 2)  # packs 0-1 hold 4 of 8; pack 2 apart
+    >>> d.points, d.last_packs, d.last_points
+    (0.0, 1, 0.0)
+    >>> window_deviation(composition[1:], np.array([0.5, 0.5]), 3).points  # one batch: 3 of 8 is 37.5%
     12.5
-    >>> window_deviation(composition, np.array([0.5, 0.5]), 3).points
-    0.0
     """
     if window < 1:
         raise TightpackError(f"window must be at least 1 pack, got {window}", parameters=("window",))
     composition = np.asarray(composition, dtype=np.float64)
     packs, sources = composition.shape
-    window = min(window, packs)
     if packs == 0:
         return WindowDeviation(0, 0.0, 0, 0, np.zeros(sources))
-    running = np.vstack([np.zeros(sources), np.cumsum(composition, axis=0)])
-    sums = running[window:] - running[:-window]  # [windows, sources]
+    window = min(window, packs)
+    full = packs // window
+    sums = composition[: full * window].reshape(full, window, sources).sum(axis=1)
+    off = _points_off(sums, targets)
+    first, source = np.unravel_index(int(np.argmax(off)), off.shape)
+    last_packs = packs - full * window
+    last_points = float(_points_off(composition[full * window :].sum(axis=0, keepdims=True), targets).max())
+    return WindowDeviation(
+        window,
+        float(off[first, source]),
+        int(source),
+        int(first) * window,
+        off.max(axis=0),
+        last_packs,
+        last_points,
+    )
+
+
+def _points_off(sums: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """``100 * |share - target|`` of each row of ``sums`` ``[rows, sources]``; 0 for a row of no measure."""
     totals = sums.sum(axis=1, keepdims=True)
     counted = totals[:, 0] > 0
     off = np.zeros_like(sums)
     off[counted] = 100 * np.abs(sums[counted] / totals[counted] - targets)
-    first, source = np.unravel_index(int(np.argmax(off)), off.shape)
-    return WindowDeviation(window, float(off[first, source]), int(source), int(first), off.max(axis=0))
+    return off
 
 
 def interleave(
@@ -315,31 +355,3 @@ def interleave(
         part = within[starts[s] : starts[s + 1]]
         place[starts[s] : starts[s + 1]] = np.cumsum(measure[part]) / targets[s]
     return within[np.argsort(place, kind="stable")]  # ties: the lower source, listed first
-
-
-def order_packs(
-    composition: np.ndarray, targets: np.ndarray, lookahead: int = DEFAULT_LOOKAHEAD, window: int = 0
-) -> np.ndarray:
-    """An order of the packs whose running shares, and with ``window`` those of its last ``window``
-    packs, stay close to the targets.
-
-    A pool holds the next ``lookahead`` packs in their planned order; each step takes the pack of the
-    pool that leaves smallest the largest running deviation ``|sum(measure_s) - target_s *
-    sum(measure)|`` over the packs so far, plus, with ``window > 1``, the same over the window that
-    pack closes (it and the ``window - 1`` packs before it); the earliest on a tie. The next pack then
-    joins the pool. The running term keeps every source's pace over the whole order (no source is
-    left for the end); the window term picks, among packs that keep it, the one its window needs.
-    ``lookahead=1`` keeps the order. Returns int64 ``[num_packs]``.
-
-    >>> order_packs(np.array([[4, 0], [4, 0], [0, 4], [0, 4]]), np.array([0.5, 0.5]), 4).tolist()
-    [0, 2, 1, 3]
-    """
-    composition = np.asarray(composition, dtype=np.float64)
-    if lookahead < 1:
-        raise TightpackError(f"lookahead must be at least 1, got {lookahead}", parameters=("lookahead",))
-    if window < 0:
-        raise TightpackError(f"window must not be negative, got {window}", parameters=("window",))
-    deviation = np.ascontiguousarray(composition - np.outer(composition.sum(axis=1), targets))
-    order = np.empty(len(composition), dtype=np.int64)
-    _firstfit.order_by_deviation(deviation, composition.shape[1], int(lookahead), int(window), order)
-    return order

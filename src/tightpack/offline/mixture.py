@@ -3,9 +3,9 @@
 Each input of ``tightpack pack`` (a file, a glob pattern, a dataset) is one source of the mixture,
 with one weight. After the samples are tokenized and accounted (truncated, dropped) as in any run,
 `plan_mixture_run` picks every source's samples (`tightpack.core.mixture.resolve_mixture`: repeated
-up to the cap, or subsampled by seed) and packs them so that every window of packs holds the
+up to the cap, or subsampled by seed) and packs them so that every global batch of packs holds the
 mixture (`tightpack.core.mixture_plan`). The manifest's ``mixture`` section has the statistics per
-source and the worst window; ``tightpack inspect`` shows them.
+source and the worst global batch; ``tightpack inspect`` shows them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tightpack.core.mixture import (
     resolve_mixture,
     sample_measure,
 )
-from tightpack.core.mixture_plan import DEFAULT_LOOKAHEAD, DEFAULT_WINDOW, MixturePlan, plan_mixture
+from tightpack.core.mixture_plan import DEFAULT_WINDOW, MixturePlan, plan_mixture
 from tightpack.core.planner import PackPlan
 from tightpack.errors import TightpackError, check_choice
 from tightpack.offline.mixture_figures import packed_figures, repetitions, sample_sources
@@ -49,11 +49,10 @@ class MixtureConfig:
         total_tokens: the mixture's runtime tokens (``--mix-tokens``); None (and no ``total_packs``):
             the largest mixture the cap allows.
         total_packs: the mixture's packs (``--mix-packs``), exactly: the total whose plan fills them.
-        window_packs: packs per window whose shares the run measures (``--mix-window``): a global
-            batch, in packs.
-        tolerance: percentage points (``--mix-tolerance``): a window further than this from a target
-            stops the run; None reports the worst window without a limit.
-        lookahead: packs the ordering chooses among (`tightpack.core.mixture_plan.order_packs`).
+        window_packs: packs per global batch (``--mix-window``): every batch of this many
+            consecutive packs holds the mixture, and the run measures them.
+        tolerance: percentage points (``--mix-tolerance``): a full global batch further than this from
+            a target stops the run; None reports the worst batch without a limit.
 
     >>> MixtureConfig(weights=(5, 3, 2), mix_by="supervised-tokens").validate(3)
     """
@@ -65,7 +64,6 @@ class MixtureConfig:
     total_packs: int | None = None
     window_packs: int = DEFAULT_WINDOW
     tolerance: float | None = None
-    lookahead: int = DEFAULT_LOOKAHEAD
 
     def validate(self, inputs: int | None = None) -> None:
         """Check the settings (and, given ``inputs``, one weight per input); raises `TightpackError`."""
@@ -90,7 +88,7 @@ class MixtureConfig:
             raise TightpackError(
                 "give total_tokens or total_packs, not both", parameters=("total_tokens", "total_packs")
             )
-        for name in ("total_tokens", "total_packs", "window_packs", "lookahead"):
+        for name in ("total_tokens", "total_packs", "window_packs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise TightpackError(f"{name} must be a positive integer, got {value!r}", parameters=(name,))
@@ -169,7 +167,6 @@ def plan_mixture_run(
             measure,
             pack_size,
             window=mixture.window_packs,
-            lookahead=mixture.lookahead,
             tolerance=tolerance,
             max_packs=max_packs,
             seed=seed,
@@ -240,8 +237,8 @@ def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.nda
 
 
 def _report(mixture, names, mixed, sample_input, keep, real, supervised) -> dict[str, Any]:
-    """The manifest's ``mixture`` section: settings, per-source statistics, the worst window, and
-    the shares of every window in order (for the plot)."""
+    """The manifest's ``mixture`` section: settings, per-source statistics, the worst global batch, and
+    the shares of every batch in order (for the plot)."""
     count = len(names)
     order = mixed.plan.order
     packed = packed_figures(

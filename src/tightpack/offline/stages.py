@@ -56,7 +56,7 @@ class PackResult:
     (``before``) and of the balanced one (``after``)."""
     unit_kind: str | None = None
     mixture: dict[str, Any] | None = None
-    """With a mixture: the manifest's ``mixture`` section (per-source statistics, the worst window)."""
+    """With a mixture: the manifest's ``mixture`` section (per-source statistics, the worst global batch)."""
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """The mixture of a packed folder as ``tightpack inspect`` shows it: a table with a column per source
-(printed, and in the ``--html`` report), and a plot of every source's share window by window against
-its target.
+(printed, and in the ``--html`` report), and a plot of every source's share global batch by global
+batch against its target.
 
 Both read the manifest's ``mixture`` section (`tightpack.offline.mixture.plan_mixture_run`).
 """
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 STATISTICS = (
     ("target share", lambda s: f"{s['target_share']:.2%}"),
     ("achieved share", lambda s: f"{s['share']:.2%}"),
-    ("worst window (points)", lambda s: f"{s['worst_window_points']:.2f}"),
+    ("worst global batch (points)", lambda s: f"{s['worst_window_points']:.2f}"),
     ("rows", lambda s: f"{s.get('rows', 0):,}"),
     ("samples packed", lambda s: f"{s['samples_packed']:,}"),
     ("sequences written", lambda s: f"{s['sequences']:,}"),
@@ -35,7 +35,7 @@ STATISTICS = (
 
 def mixture_rows(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
     """A row per statistic (`STATISTICS`), a column per source: target and achieved share (of
-    ``mix_by``), the source's worst window, rows read, samples packed, sequences written, repetitions
+    ``mix_by``), the source's worst global batch, rows read, samples packed, sequences written, repetitions
     (its measure written over the measure it holds), tokens, supervised tokens, truncated samples
     packed, samples dropped.
 
@@ -43,7 +43,7 @@ def mixture_rows(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
     ...     "worst_window_points": 1.25, "rows": 10, "samples_packed": 8, "sequences": 9,
     ...     "repetitions": 1.125, "tokens": 900, "supervised_tokens": 300}]}
     >>> mixture_rows(mixture)[:3]
-    [('target share', '50.00%'), ('achieved share', '49.98%'), ('worst window (points)', '1.25')]
+    [('target share', '50.00%'), ('achieved share', '49.98%'), ('worst global batch (points)', '1.25')]
     """
     return [(name, *(show(source) for source in mixture["sources"])) for name, show in STATISTICS]
 
@@ -61,33 +61,42 @@ def mixture_table(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
     return [("source", *(source["name"] for source in mixture["sources"])), *mixture_rows(mixture)]
 
 
-def mixture_title(mixture: dict[str, Any]) -> str:
-    """What the table shows: the measure, and the worst window with its size."""
-    windows = mixture["windows"]
+def worst_batch(windows: dict[str, Any]) -> str:
+    """The manifest's worst global batch in words (``mixture.windows``).
+
+    >>> worst_batch({"window_packs": 64, "worst_points": 0.4, "worst_first_pack": 128})
+    'global batch of 64 packs: 0.40 points off (batch 2, packs 128-191)'
+    """
+    size, first = windows["window_packs"], windows["worst_first_pack"]
     return (
-        f"mixture by {mixture['mix_by']}: worst window of {windows['window_packs']:,} packs "
-        f"{windows['worst_points']:.2f} points off (packs from {windows['worst_first_pack']:,})"
+        f"global batch of {size:,} packs: {windows['worst_points']:.2f} points off "
+        f"(batch {first // max(size, 1):,}, packs {first:,}-{first + size - 1:,})"
     )
 
 
+def mixture_title(mixture: dict[str, Any]) -> str:
+    """What the table shows: the measure, and the worst global batch with its size."""
+    return f"mixture by {mixture['mix_by']}: worst {worst_batch(mixture['windows'])}"
+
+
 def window_edges(windows: int, window: int, packs: int) -> np.ndarray:
-    """The first pack of each of ``windows`` consecutive, non-overlapping windows of ``window`` packs,
-    and the end of the last: int64 ``[windows + 1]``. The manifest's ``window_shares`` has one row per
-    window in this order; the last window is short (partial) when ``packs`` is not a multiple of
-    ``window``.
+    """The first pack of each of ``windows`` global batches of ``window`` packs (consecutive, not
+    overlapping), and the end of the last: int64 ``[windows + 1]``. The manifest's ``window_shares``
+    has one row per batch in this order; the last batch is short (partial) when ``packs`` is not a
+    multiple of ``window``.
 
     Raises:
-        TightpackError: when ``windows`` windows of ``window`` packs do not cover ``packs`` packs (the
+        TightpackError: when ``windows`` batches of ``window`` packs do not cover ``packs`` packs (the
             folder's packs are not those its manifest counted).
 
-    >>> window_edges(3, 8, 17).tolist()  # two full windows and one of a single pack
+    >>> window_edges(3, 8, 17).tolist()  # two full batches and one of a single pack
     [0, 8, 16, 17]
     >>> window_edges(2, 8, 16).tolist()
     [0, 8, 16]
     """
     if window < 1 or windows != -(-packs // window):
         raise TightpackError(
-            f"the manifest's mixture has {windows:,} windows of {window:,} packs but the dataset has "
+            f"the manifest's mixture has {windows:,} global batches of {window:,} packs but the dataset has "
             f"{packs:,} packs, which make {-(-packs // max(window, 1)):,}: its files are not the ones it was "
             "packed into; run tightpack verify on it, or pack it again"
         )
@@ -95,16 +104,15 @@ def window_edges(windows: int, window: int, packs: int) -> np.ndarray:
 
 
 def mixture_figure(mixture: dict[str, Any], *, packs: int, path: str = "") -> Figure:
-    """Every source's share of each window of packs, in the order a run reads them, beside its target
-    (a dashed line of the same colour); the title names the worst window, which is shaded.
+    """Every source's share of each global batch, in the order a run reads them, beside its target
+    (a dashed line of the same colour); the title names the worst batch, which is shaded.
 
-    The windows are the manifest's ``window_shares``: consecutive and non-overlapping, ``window_packs``
-    each (a step per window, spanning its packs, `window_edges`). When ``packs`` (the packs of the
-    dataset) is not a multiple of the window, the last window holds fewer packs, and its shares, of
-    less data, stray further than a full window's: it is drawn dotted, with hollow markers, over a grey
-    band whose legend entry gives its pack count. The worst window (shaded red) is the worst of the
-    windows of ``window_packs`` packs from any first pack, full windows only, so it may straddle two
-    steps. A window with none of the measure (no supervised tokens) has no shares and is left blank.
+    The batches are the manifest's ``window_shares``: consecutive and non-overlapping, ``window_packs``
+    packs each (a step per batch, spanning its packs, `window_edges`). When ``packs`` (the packs of the
+    dataset) is not a multiple of the batch, the last batch holds fewer packs and is counted apart: it
+    is drawn dotted, with hollow markers, over a grey band whose legend entry gives its pack count and
+    deviation. The worst full batch is shaded red. A batch with none of the measure (no supervised
+    tokens) has no shares and is left blank.
     """
     from matplotlib.lines import Line2D
 
@@ -138,7 +146,7 @@ def mixture_figure(mixture: dict[str, Any], *, packs: int, path: str = "") -> Fi
                 marker="o",
                 markerfacecolor="none",
                 markersize=4,
-                label=f"{source['name']}, partial last window",
+                label=f"{source['name']}, partial last batch",
             )
         axes.axhline(source["target_share"], color=color, linestyle="--", linewidth=0.8)
     handles.append(Line2D([], [], color="0.3", linestyle="--", linewidth=0.8, label="target share"))
@@ -149,7 +157,10 @@ def mixture_figure(mixture: dict[str, Any], *, packs: int, path: str = "") -> Fi
                 edges[-1],
                 color="0.85",
                 zorder=0,
-                label=f"partial last window: {edges[-1] - edges[-2]:,} of {window:,} packs (dotted)",
+                label=(
+                    f"partial last batch: {edges[-1] - edges[-2]:,} of {window:,} packs (dotted), "
+                    f"{windows.get('last_batch_points', 0.0):.2f} points off"
+                ),
             )
         )
     first = windows["worst_first_pack"]
@@ -160,14 +171,12 @@ def mixture_figure(mixture: dict[str, Any], *, packs: int, path: str = "") -> Fi
             color=_HIGHLIGHT,
             alpha=0.12,
             linewidth=0,
-            label=f"worst window: packs {first:,}-{first + window - 1:,} (from any pack)",
+            label=f"worst full batch: packs {first:,}-{first + window - 1:,}",
         )
     )
     axes.set_xlim(-0.01 * packs, 1.01 * packs + 0.5)  # the markers at the last pack's end show whole
     axes.set_ylim(-0.02, 1.02)  # a share of 0 or 1 stays in sight
-    axes.set_xlabel(
-        f"pack (file order); a step per window of {window:,} packs, windows consecutive, not overlapping"
-    )
+    axes.set_xlabel(f"pack (file order); a step per global batch of {window:,} packs")
     axes.set_ylabel(f"share of {mixture['mix_by']}")
     axes.set_title(f"{path}: {mixture_title(mixture)}" if path else mixture_title(mixture), fontsize="medium")
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")

@@ -1,0 +1,580 @@
+/* The native kernel of tightpack/core/global_batches.py: the packs of a mixture dealt into global
+ * batches so that every batch holds the target shares. That module's docstring says the rule; here,
+ * how it runs.
+ *
+ * `deal_batches` works region by region (a region: `region_batches` consecutive batches' worth of
+ * packs in their planned order; the last region takes the rest when fewer than half a region's batches
+ * would be left). A region's samples (its "items", one per copy) are held sorted by length, each with
+ * the pack it is in: a sample exchange between two packs then only trades the two items' packs (the
+ * length order is unchanged), and the samples of about a given length lie next to each other.
+ *
+ *   1. greedy: the packs, largest first, each to the batch with room where it adds least to the
+ *      squared share deviation plus `balance` times the squared distance from a mean batch; a batch
+ *      holding a copy of one of its samples is passed over unless every batch with room does; then a
+ *      pack put with a copy is exchanged with a pack of another batch where neither holds a copy;
+ *   2. exchanges, until the worst full batch is within `aim` (a fraction) or none helps, at most
+ *      `rounds_per_batch` per batch: the best sample exchange of the worst batch (a sample of it for
+ *      one of the NEIGHBOURS samples nearest its length in another batch, both packs within
+ *      `pack_size`; when none helps, one of the WIDE nearest), else the best pack exchange. The other batch, when full, must end closer than
+ *      the worst was; no exchange brings a copy of a sample into a batch that holds one.
+ *
+ * At the end the slots of every pack (the caller's arrays, in plan order) are rewritten with the
+ * samples the pack holds, and `batch_out` names each pack's batch.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Samples nearest in length looked at per sample of the worst batch; measured on the benchmark's
+ * mixture at 8k: 16 leaves its batches of one long sample a point off, 64 takes longer, no closer. */
+#define NEIGHBOURS 32
+#define WIDE 1024 /* ... when none of those helps, before pack exchanges are tried */
+
+typedef struct {
+    Py_ssize_t sources, batch_packs;
+    int64_t pack_size;
+    const double *targets; /* [sources] */
+    double *composition;   /* [packs * sources] */
+    int64_t *batch;        /* [packs]: -1 before it is dealt */
+} Deal;
+
+typedef struct {
+    double key;
+    int64_t index;
+} Keyed;
+
+static int larger_first(const void *a, const void *b) {
+    const Keyed *x = a, *y = b;
+    if (x->key != y->key) return x->key > y->key ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+static int smaller_first(const void *a, const void *b) {
+    const Keyed *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* One region: its packs [first, stop) and batches [first_batch, first_batch + batches); its items
+ * (copies of samples) sorted by length. Packs and items are numbered within the region. */
+typedef struct {
+    Py_ssize_t first, stop, packs, batches, items;
+    int64_t first_batch;
+    /* items, shortest first: fixed */
+    int64_t *length, *sample, *source, *copies_from, *copies_to; /* copies: a range of `copies` */
+    double *measure;
+    int64_t *copies; /* every item's copies (items of the same sample), grouped by sample */
+    /* items: mutable */
+    int64_t *pack; /* the pack an item is in */
+    int64_t *place; /* its place in `held` */
+    /* packs */
+    int64_t *held_from; /* [packs + 1]: the range of `held` listing a pack's items */
+    int64_t *held;      /* the items of each pack (mutable) */
+    int64_t *used;      /* tokens */
+    /* batches */
+    double *sums, *dev;
+    Py_ssize_t *count, *capacity, *members; /* members: [batches * batch_packs] packs */
+} Region;
+
+static int64_t batch_of(const Deal *d, const Region *g, int64_t pack) { return d->batch[g->first + pack]; }
+
+static const double *row(const Deal *d, const Region *g, int64_t pack) {
+    return d->composition + (g->first + pack) * d->sources;
+}
+
+/* 1 when item `i`'s sample has a copy other than `skip` in a pack of batch `b`. */
+static int copy_in_batch(const Deal *d, const Region *g, int64_t i, int64_t b, int64_t skip) {
+    for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+        const int64_t o = g->copies[k];
+        if (o != i && o != skip && batch_of(d, g, g->pack[o]) == b) return 1;
+    }
+    return 0;
+}
+
+/* 1 when a sample of pack `p` has a copy in a pack other than `p` and `skip` of batch `b`. */
+static int pack_meets_copy(const Deal *d, const Region *g, int64_t p, int64_t b, int64_t skip) {
+    for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++) {
+        const int64_t i = g->held[e];
+        for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+            const int64_t q = g->pack[g->copies[k]];
+            if (q != p && q != skip && batch_of(d, g, q) == b) return 1;
+        }
+    }
+    return 0;
+}
+
+/* The largest |share - target| of `sums` + `shift` (shift may be NULL); 0 when they hold nothing. */
+static double deviation(const double *sums, const double *shift, const double *targets, Py_ssize_t sources) {
+    double total = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) total += sums[s] + (shift ? shift[s] : 0.0);
+    if (total <= 0.0) return 0.0;
+    double worst = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) {
+        const double x = fabs((sums[s] + (shift ? shift[s] : 0.0)) / total - targets[s]);
+        if (x > worst) worst = x;
+    }
+    return worst;
+}
+
+/* 1 when `sums` + `shift` strays `bar` or further from a target in some source: no division, and it
+ * stops at the first such source (most candidates of an exchange fail at once). */
+static int strays(const double *sums, const double *shift, const double *targets, Py_ssize_t sources, double bar) {
+    double total = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) total += sums[s] + shift[s];
+    if (total <= 0.0) return 0;
+    const double limit = bar * total;
+    for (Py_ssize_t s = 0; s < sources; s++)
+        if (fabs(sums[s] + shift[s] - targets[s] * total) >= limit) return 1;
+    return 0;
+}
+
+static void place_in(const Deal *d, Region *g, int64_t p, Py_ssize_t b) {
+    const Py_ssize_t S = d->sources;
+    g->members[b * d->batch_packs + g->count[b]++] = p;
+    d->batch[g->first + p] = g->first_batch + b;
+    for (Py_ssize_t s = 0; s < S; s++) g->sums[b * S + s] += row(d, g, p)[s];
+}
+
+/* Step 1: returns -1 when out of memory. */
+static int greedy(Deal *d, Region *g, double balance) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs, n = g->packs, B = g->batches;
+    double *mean = calloc((size_t)S, sizeof(double));
+    double *off = calloc((size_t)(B * S), sizeof(double)); /* share deviation, in a mean batch's units */
+    double *rel = calloc((size_t)(B * S), sizeof(double)); /* measure over a mean batch's, less the packs' part */
+    double *step = malloc(sizeof(double) * (size_t)S);
+    double *scaled = malloc(sizeof(double) * (size_t)S);
+    char *passed = calloc((size_t)B, 1);
+    Keyed *keyed = malloc(sizeof(Keyed) * (size_t)n);
+    int status = -1;
+    if (!mean || !off || !rel || !step || !scaled || !passed || !keyed) goto done;
+    for (int64_t p = 0; p < n; p++)
+        for (Py_ssize_t s = 0; s < S; s++) mean[s] += row(d, g, p)[s];
+    double total = 0.0;
+    for (Py_ssize_t s = 0; s < S; s++) total += mean[s];
+    for (Py_ssize_t s = 0; s < S; s++) {
+        mean[s] = d->targets[s] * total * (double)K / (double)n;
+        if (mean[s] <= 0.0) mean[s] = 1.0; /* a source with no share, or a region with no measure */
+    }
+    for (int64_t p = 0; p < n; p++) {
+        double key = 0.0;
+        for (Py_ssize_t s = 0; s < S; s++)
+            if (row(d, g, p)[s] / mean[s] > key) key = row(d, g, p)[s] / mean[s];
+        keyed[p] = (Keyed){key, p};
+    }
+    qsort(keyed, (size_t)n, sizeof(Keyed), larger_first);
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t p = keyed[k].index;
+        const double *c = row(d, g, p);
+        double weight = 0.0;
+        for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
+        /* a batch's cost, less what is the same for every batch: sum_s step_s off_bs + balance x_s rel_bs */
+        for (Py_ssize_t s = 0; s < S; s++) {
+            step[s] = (c[s] - d->targets[s] * weight) / mean[s];
+            scaled[s] = balance * c[s] / mean[s];
+        }
+        Py_ssize_t chosen = -1;
+        for (int ignore_copies = 0; chosen < 0; ignore_copies = 1) {
+            for (;;) {
+                Py_ssize_t pick = -1;
+                double best = INFINITY;
+                for (Py_ssize_t b = 0; b < B; b++) {
+                    if (g->count[b] == g->capacity[b] || passed[b]) continue;
+                    double cost = 0.0;
+                    for (Py_ssize_t s = 0; s < S; s++) cost += step[s] * off[b * S + s] + scaled[s] * rel[b * S + s];
+                    if (cost < best) {
+                        best = cost;
+                        pick = b;
+                    }
+                }
+                if (pick < 0) break; /* every batch with room holds a copy: the next pass takes the best */
+                if (ignore_copies || !pack_meets_copy(d, g, p, g->first_batch + pick, -1)) {
+                    chosen = pick;
+                    break;
+                }
+                passed[pick] = 1;
+            }
+            memset(passed, 0, (size_t)B);
+        }
+        place_in(d, g, p, chosen);
+        const double *sum = g->sums + chosen * S;
+        double held = 0.0;
+        for (Py_ssize_t s = 0; s < S; s++) held += sum[s];
+        for (Py_ssize_t s = 0; s < S; s++) {
+            off[chosen * S + s] = (sum[s] - d->targets[s] * held) / mean[s];
+            rel[chosen * S + s] = sum[s] / mean[s] - (double)g->count[chosen] / (double)K;
+        }
+    }
+    status = 0;
+done:
+    free(mean);
+    free(off);
+    free(rel);
+    free(step);
+    free(scaled);
+    free(passed);
+    free(keyed);
+    return status;
+}
+
+typedef struct {
+    double value;
+    int64_t mine, theirs; /* items (sample exchange) or packs (pack exchange) */
+} Exchange;
+
+/* The best sample exchange for the worst batch `w` into `best`; returns 0 when none makes it better. */
+static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssize_t neighbours, Exchange *best,
+                           double *shift) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    const int64_t bw = g->first_batch + w;
+    int found = 0;
+    double bar = g->dev[w];
+    for (Py_ssize_t m = 0; m < g->count[w]; m++) {
+        const int64_t a = g->members[w * K + m];
+        const int64_t free_a = d->pack_size - g->used[a];
+        for (int64_t e = g->held_from[a]; e < g->held_from[a + 1]; e++) {
+            const int64_t i = g->held[e], li = g->length[i];
+            int64_t up = i + 1, down = i - 1;
+            for (Py_ssize_t looked = 0; looked < neighbours && (up < g->items || down >= 0); looked++) {
+                /* the nearer in length of the next longer and the next shorter */
+                int64_t j;
+                if (up < g->items && (down < 0 || g->length[up] - li <= li - g->length[down])) {
+                    j = up++;
+                    if (g->length[j] > li + free_a) { /* longer ones do not fit pack a either */
+                        up = g->items;
+                        continue;
+                    }
+                } else {
+                    j = down--;
+                }
+                const int64_t b = g->pack[j];
+                const int64_t bb = batch_of(d, g, b) - g->first_batch;
+                if (bb == w || g->sample[j] == g->sample[i] || li > g->length[j] + d->pack_size - g->used[b]) continue;
+                for (Py_ssize_t s = 0; s < S; s++) shift[s] = 0.0;
+                shift[g->source[j]] += g->measure[j];
+                shift[g->source[i]] -= g->measure[i];
+                if (strays(g->sums + w * S, shift, d->targets, S, bar)) continue;
+                double value = deviation(g->sums + w * S, shift, d->targets, S);
+                if (g->capacity[bb] == K) {
+                    for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+                    if (strays(g->sums + bb * S, shift, d->targets, S, bar)) continue;
+                    const double new_b = deviation(g->sums + bb * S, shift, d->targets, S);
+                    if (new_b > value) value = new_b;
+                }
+                if (value >= bar) continue; /* `strays` and the exact figure may differ in the last bit */
+                if (copy_in_batch(d, g, j, bw, -1) || copy_in_batch(d, g, i, g->first_batch + bb, -1)) continue;
+                bar = value;
+                *best = (Exchange){value, i, j};
+                found = 1;
+            }
+        }
+    }
+    return found;
+}
+
+/* The best pack exchange for the worst batch `w` into `best`; returns 0 when none makes it better. */
+static int pack_exchange(const Deal *d, const Region *g, Py_ssize_t w, Exchange *best, double *shift) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    int found = 0;
+    double bar = g->dev[w];
+    for (int64_t q = 0; q < g->packs; q++) {
+        const int64_t bq = batch_of(d, g, q) - g->first_batch;
+        if (bq == w) continue;
+        const double *cq = row(d, g, q);
+        for (Py_ssize_t m = 0; m < K; m++) {
+            const int64_t p = g->members[w * K + m];
+            const double *cp = row(d, g, p);
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = cq[s] - cp[s];
+            if (strays(g->sums + w * S, shift, d->targets, S, bar)) continue;
+            double value = deviation(g->sums + w * S, shift, d->targets, S);
+            if (g->capacity[bq] == K) {
+                for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+                if (strays(g->sums + bq * S, shift, d->targets, S, bar)) continue;
+                const double new_b = deviation(g->sums + bq * S, shift, d->targets, S);
+                if (new_b > value) value = new_b;
+            }
+            if (value >= bar) continue;
+            if (pack_meets_copy(d, g, p, g->first_batch + bq, q) || pack_meets_copy(d, g, q, g->first_batch + w, p))
+                continue;
+            bar = value;
+            *best = (Exchange){value, p, q};
+            found = 1;
+        }
+    }
+    return found;
+}
+
+static void move_measure(Deal *d, Region *g, int64_t pack, Py_ssize_t s, double amount) {
+    const int64_t b = batch_of(d, g, pack) - g->first_batch;
+    d->composition[(g->first + pack) * d->sources + s] += amount;
+    g->sums[b * d->sources + s] += amount;
+}
+
+/* Items i and j trade packs. */
+static void exchange_samples(Deal *d, Region *g, int64_t i, int64_t j) {
+    const int64_t a = g->pack[i], b = g->pack[j];
+    move_measure(d, g, a, g->source[i], -g->measure[i]);
+    move_measure(d, g, a, g->source[j], g->measure[j]);
+    move_measure(d, g, b, g->source[j], -g->measure[j]);
+    move_measure(d, g, b, g->source[i], g->measure[i]);
+    g->used[a] += g->length[j] - g->length[i];
+    g->used[b] += g->length[i] - g->length[j];
+    g->pack[i] = b;
+    g->pack[j] = a;
+    g->held[g->place[i]] = j;
+    g->held[g->place[j]] = i;
+    const int64_t place = g->place[i];
+    g->place[i] = g->place[j];
+    g->place[j] = place;
+    const int64_t ba = batch_of(d, g, a) - g->first_batch, bb = batch_of(d, g, b) - g->first_batch;
+    g->dev[ba] = deviation(g->sums + ba * d->sources, NULL, d->targets, d->sources);
+    g->dev[bb] = deviation(g->sums + bb * d->sources, NULL, d->targets, d->sources);
+}
+
+/* Packs p (of batch w) and q trade batches. */
+static void exchange_packs(Deal *d, Region *g, Py_ssize_t w, int64_t p, int64_t q) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    const int64_t bq = batch_of(d, g, q) - g->first_batch;
+    for (Py_ssize_t m = 0; m < g->count[w]; m++)
+        if (g->members[w * K + m] == p) g->members[w * K + m] = q;
+    for (Py_ssize_t m = 0; m < g->count[bq]; m++)
+        if (g->members[bq * K + m] == q) g->members[bq * K + m] = p;
+    d->batch[g->first + p] = g->first_batch + bq;
+    d->batch[g->first + q] = g->first_batch + w;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        const double delta = row(d, g, q)[s] - row(d, g, p)[s];
+        g->sums[w * S + s] += delta;
+        g->sums[bq * S + s] -= delta;
+    }
+    g->dev[w] = deviation(g->sums + w * S, NULL, d->targets, S);
+    g->dev[bq] = deviation(g->sums + bq * S, NULL, d->targets, S);
+}
+
+/* Packs the greedy put with a copy of one of their samples, each exchanged with the pack of another
+ * batch that leaves neither batch holding a sample twice and the larger deviation of the two smallest
+ * (none: it stays). */
+static void part_copies(Deal *d, Region *g, double *shift) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    for (int64_t p = 0; p < g->packs; p++) {
+        const int64_t bp = batch_of(d, g, p) - g->first_batch;
+        if (!pack_meets_copy(d, g, p, g->first_batch + bp, -1)) continue;
+        double best = INFINITY;
+        int64_t partner = -1;
+        for (int64_t q = 0; q < g->packs; q++) {
+            const int64_t bq = batch_of(d, g, q) - g->first_batch;
+            if (bq == bp) continue;
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = row(d, g, q)[s] - row(d, g, p)[s];
+            double value = g->capacity[bp] == K ? deviation(g->sums + bp * S, shift, d->targets, S) : 0.0;
+            if (value >= best) continue;
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+            const double other = g->capacity[bq] == K ? deviation(g->sums + bq * S, shift, d->targets, S) : 0.0;
+            if (other > value) value = other;
+            if (value >= best) continue;
+            if (pack_meets_copy(d, g, p, g->first_batch + bq, q) || pack_meets_copy(d, g, q, g->first_batch + bp, p))
+                continue;
+            best = value;
+            partner = q;
+        }
+        if (partner >= 0) exchange_packs(d, g, bp, p, partner);
+    }
+}
+
+/* Step 2: returns the exchanges made. */
+static Py_ssize_t exchange(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift) {
+    const Py_ssize_t K = d->batch_packs;
+    for (Py_ssize_t round = 0; round < rounds; round++) {
+        Py_ssize_t w = -1;
+        for (Py_ssize_t b = 0; b < g->batches; b++)
+            if (g->capacity[b] == K && (w < 0 || g->dev[b] > g->dev[w])) w = b;
+        if (w < 0 || g->dev[w] <= aim) return round;
+        Exchange best;
+        if (sample_exchange(d, g, w, NEIGHBOURS, &best, shift) || sample_exchange(d, g, w, WIDE, &best, shift))
+            exchange_samples(d, g, best.mine, best.theirs);
+        else if (pack_exchange(d, g, w, &best, shift))
+            exchange_packs(d, g, w, best.mine, best.theirs);
+        else
+            return round; /* the worst batch is as good as single exchanges make it */
+    }
+    return rounds;
+}
+
+typedef struct {
+    const int64_t *pack_offsets;
+    int64_t *slot_sample, *slot_length, *slot_source;
+    double *slot_measure;
+} Slots;
+
+static void free_region(Region *g) {
+    free(g->length);
+    free(g->sample);
+    free(g->source);
+    free(g->copies_from);
+    free(g->copies_to);
+    free(g->measure);
+    free(g->copies);
+    free(g->pack);
+    free(g->place);
+    free(g->held_from);
+    free(g->held);
+    free(g->used);
+    free(g->sums);
+    free(g->dev);
+    free(g->count);
+    free(g->capacity);
+    free(g->members);
+}
+
+/* Deal one region; returns the exchanges made, or -1 when out of memory. */
+static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t stop, int64_t first_batch,
+                              Py_ssize_t batches, double balance, Py_ssize_t rounds_per_batch, double aim) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs, n = stop - first;
+    const int64_t first_slot = t->pack_offsets[first], items = t->pack_offsets[stop] - first_slot;
+    Region g = {first, stop, n, batches, items, first_batch};
+    const size_t ni = (size_t)items + 1, np = (size_t)n + 1, nb = (size_t)batches;
+    g.length = malloc(sizeof(int64_t) * ni);
+    g.sample = malloc(sizeof(int64_t) * ni);
+    g.source = malloc(sizeof(int64_t) * ni);
+    g.copies_from = malloc(sizeof(int64_t) * ni);
+    g.copies_to = malloc(sizeof(int64_t) * ni);
+    g.measure = malloc(sizeof(double) * ni);
+    g.copies = malloc(sizeof(int64_t) * ni);
+    g.pack = malloc(sizeof(int64_t) * ni);
+    g.place = malloc(sizeof(int64_t) * ni);
+    g.held_from = malloc(sizeof(int64_t) * np);
+    g.held = malloc(sizeof(int64_t) * ni);
+    g.used = calloc(np, sizeof(int64_t));
+    g.sums = calloc(nb * (size_t)S, sizeof(double));
+    g.dev = calloc(nb, sizeof(double));
+    g.count = calloc(nb, sizeof(Py_ssize_t));
+    g.capacity = malloc(sizeof(Py_ssize_t) * nb);
+    g.members = malloc(sizeof(Py_ssize_t) * nb * (size_t)K);
+    Keyed *keyed = malloc(sizeof(Keyed) * ni);
+    double *shift = malloc(sizeof(double) * (size_t)S);
+    Py_ssize_t made = -1;
+    if (!g.length || !g.sample || !g.source || !g.copies_from || !g.copies_to || !g.measure || !g.copies ||
+        !g.pack || !g.place || !g.held_from || !g.held || !g.used || !g.sums || !g.dev || !g.count ||
+        !g.capacity || !g.members || !keyed || !shift)
+        goto done;
+    for (Py_ssize_t b = 0; b < batches; b++) g.capacity[b] = n - b * K < K ? n - b * K : K;
+    /* the items, shortest first; each slot's item is its place in that order */
+    for (int64_t k = 0; k < items; k++) keyed[k] = (Keyed){(double)t->slot_length[first_slot + k], k};
+    qsort(keyed, (size_t)items, sizeof(Keyed), smaller_first);
+    for (int64_t i = 0; i < items; i++) {
+        const int64_t slot = first_slot + keyed[i].index;
+        g.length[i] = t->slot_length[slot];
+        g.sample[i] = t->slot_sample[slot];
+        g.source[i] = t->slot_source[slot];
+        g.measure[i] = t->slot_measure[slot];
+        g.place[i] = keyed[i].index;
+        g.held[keyed[i].index] = i;
+    }
+    for (int64_t p = 0; p <= n; p++) g.held_from[p] = t->pack_offsets[first + p] - first_slot;
+    for (int64_t p = 0; p < n; p++)
+        for (int64_t e = g.held_from[p]; e < g.held_from[p + 1]; e++) {
+            g.pack[g.held[e]] = p;
+            g.used[p] += g.length[g.held[e]];
+        }
+    /* every item's copies: the items grouped by sample */
+    for (int64_t i = 0; i < items; i++) keyed[i] = (Keyed){(double)g.sample[i], i};
+    qsort(keyed, (size_t)items, sizeof(Keyed), smaller_first);
+    for (int64_t k = 0; k < items;) {
+        int64_t end = k + 1;
+        while (end < items && keyed[end].key == keyed[k].key) end++;
+        for (int64_t c = k; c < end; c++) {
+            g.copies[c] = keyed[c].index;
+            g.copies_from[keyed[c].index] = k;
+            g.copies_to[keyed[c].index] = end;
+        }
+        k = end;
+    }
+    if (greedy(d, &g, balance) != 0) goto done;
+    for (Py_ssize_t b = 0; b < batches; b++) g.dev[b] = deviation(g.sums + b * S, NULL, d->targets, S);
+    part_copies(d, &g, shift);
+    made = exchange(d, &g, rounds_per_batch * batches, aim, shift);
+    for (int64_t k = 0; k < items; k++) { /* every slot: the item its pack holds there */
+        const int64_t i = g.held[k], slot = first_slot + k;
+        t->slot_sample[slot] = g.sample[i];
+        t->slot_length[slot] = g.length[i];
+        t->slot_source[slot] = g.source[i];
+        t->slot_measure[slot] = g.measure[i];
+    }
+done:
+    free_region(&g);
+    free(keyed);
+    free(shift);
+    return made;
+}
+
+/* deal_batches(targets: float64 [sources], batch_packs, region_batches, balance, rounds_per_batch, aim,
+ * pack_size, pack_offsets: int64 [packs + 1], composition: float64 [packs * sources], slot_sample,
+ * slot_length, slot_source: int64 [slots], slot_measure: float64 [slots], batch_out: int64 [packs])
+ * -> the exchanges made. The composition and the slots are updated in place. */
+static PyObject *deal_batches(PyObject *self, PyObject *args) {
+    Py_buffer targets, pack_offsets, composition, slot_sample, slot_length, slot_source, slot_measure, batch;
+    Py_ssize_t batch_packs, region_batches, rounds_per_batch;
+    long long pack_size;
+    double balance, aim;
+    if (!PyArg_ParseTuple(args, "y*nndndLy*w*w*w*w*w*w*", &targets, &batch_packs, &region_batches, &balance,
+                          &rounds_per_batch, &aim, &pack_size, &pack_offsets, &composition, &slot_sample,
+                          &slot_length, &slot_source, &slot_measure, &batch))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t packs = batch.len / (Py_ssize_t)sizeof(int64_t);
+    const Py_ssize_t sources = targets.len / (Py_ssize_t)sizeof(double);
+    const Py_ssize_t slots = slot_sample.len / (Py_ssize_t)sizeof(int64_t);
+    if (sources < 1 || batch_packs < 1 || region_batches < 1 || rounds_per_batch < 0 ||
+        composition.len != packs * sources * (Py_ssize_t)sizeof(double) ||
+        pack_offsets.len != (packs + 1) * (Py_ssize_t)sizeof(int64_t) || slot_length.len != slot_sample.len ||
+        slot_source.len != slot_sample.len || slot_measure.len != slots * (Py_ssize_t)sizeof(double) ||
+        ((const int64_t *)pack_offsets.buf)[packs] != slots) {
+        PyErr_SetString(PyExc_ValueError, "deal_batches: buffers of mismatched sizes");
+        goto done;
+    }
+    Deal d = {sources, batch_packs, (int64_t)pack_size, targets.buf, composition.buf, batch.buf};
+    Slots t = {pack_offsets.buf, slot_sample.buf, slot_length.buf, slot_source.buf, slot_measure.buf};
+    for (Py_ssize_t p = 0; p < packs; p++) d.batch[p] = -1;
+    const Py_ssize_t batches = (packs + batch_packs - 1) / batch_packs;
+    Py_ssize_t made = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = 0; b < batches && !failed;) {
+        Py_ssize_t count = region_batches;
+        if (batches - b - count < (region_batches + 1) / 2) count = batches - b;
+        const Py_ssize_t first = b * batch_packs;
+        const Py_ssize_t stop = (b + count) * batch_packs < packs ? (b + count) * batch_packs : packs;
+        const Py_ssize_t region_made = deal_region(&d, &t, first, stop, b, count, balance, rounds_per_batch, aim);
+        failed = region_made < 0;
+        made += region_made;
+        b += count;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyLong_FromSsize_t(made);
+done:
+    PyBuffer_Release(&targets);
+    PyBuffer_Release(&pack_offsets);
+    PyBuffer_Release(&composition);
+    PyBuffer_Release(&slot_sample);
+    PyBuffer_Release(&slot_length);
+    PyBuffer_Release(&slot_source);
+    PyBuffer_Release(&slot_measure);
+    PyBuffer_Release(&batch);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"deal_batches", deal_batches, METH_VARARGS,
+     "deal_batches(targets, batch_packs, region_batches, balance, rounds_per_batch, aim, pack_size, "
+     "pack_offsets, composition, slot_sample, slot_length, slot_source, slot_measure, batch_out) -> exchanges"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_global_batches",
+                                    "The mixture's native kernel: packs dealt into global batches.", -1, methods};
+
+PyMODINIT_FUNC PyInit__global_batches(void) { return PyModule_Create(&module); }
