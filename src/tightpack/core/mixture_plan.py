@@ -46,6 +46,7 @@ __all__ = [
     "MixtureWindowError",
     "WindowDeviation",
     "interleave",
+    "pack_mixture",
     "plan_mixture",
     "window_deviation",
 ]
@@ -169,13 +170,8 @@ def plan_mixture(
     targets = selection.targets
     measure = np.asarray(measure, dtype=np.float64)
     lengths = np.asarray(lengths)
-    stream = interleave(measure[selection.samples], selection.source, selection.repetition, targets, seed)
-    stream_samples = selection.samples[stream]
-    stream_lengths = lengths[stream_samples]
-    most_repeated = float(selection.repetitions.max(initial=1.0))
-    chunk_tokens = min(chunk_packs * pack_size, int(stream_lengths.sum() / most_repeated))
-    packed = pack_chunks(stream_samples, stream_lengths, pack_size, chunk_tokens, seed)
-    entries = stream[packed.order]  # entries, pack by pack
+    packed = pack_mixture(selection, lengths, measure, pack_size, chunk_packs=chunk_packs, seed=seed)
+    entries = packed.order  # entries of the selection, pack by pack
     kept = np.arange(len(packed))
     if max_packs is not None and max_packs < len(packed):
         kept = _cut(kept, packed.offsets, selection.samples[entries], selection.source[entries], max_packs)
@@ -206,6 +202,36 @@ def plan_mixture(
     if tolerance is not None and mixed.windows.points > tolerance:
         raise _window_error(mixed, targets, tolerance, names)
     return mixed
+
+
+def pack_mixture(
+    selection: MixtureSelection,
+    lengths: np.ndarray,
+    measure: np.ndarray,
+    pack_size: int,
+    *,
+    chunk_packs: int = DEFAULT_CHUNK_PACKS,
+    seed: int = 0,
+) -> PackPlan:
+    """The first two steps of `plan_mixture`: the selection's entries interleaved and packed in chunks,
+    in planned order, before the deal into global batches (which keeps the packs and their count).
+
+    Returns the packs over entries of the selection (indices into ``selection.samples``).
+
+    >>> from tightpack.core.mixture import resolve_mixture
+    >>> chosen = resolve_mixture(np.full(6, 4), np.full(6, 2), np.repeat([0, 1], 3), [1, 1], by="tokens")
+    >>> len(pack_mixture(chosen, np.full(6, 4), np.full(6, 4.0), 8))
+    3
+    """
+    lengths = np.asarray(lengths)
+    entry_measure = np.asarray(measure, dtype=np.float64)[selection.samples]
+    stream = interleave(entry_measure, selection.source, selection.repetition, selection.targets, seed)
+    stream_samples = selection.samples[stream]
+    stream_lengths = lengths[stream_samples]
+    most_repeated = float(selection.repetitions.max(initial=1.0))
+    chunk_tokens = min(chunk_packs * pack_size, int(stream_lengths.sum() / most_repeated))
+    packed = pack_chunks(stream_samples, stream_lengths, pack_size, chunk_tokens, seed)
+    return PackPlan(order=stream[packed.order], offsets=packed.offsets)
 
 
 def _cut(

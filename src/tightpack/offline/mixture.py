@@ -24,7 +24,7 @@ from tightpack.core.mixture import (
     resolve_mixture,
     sample_measure,
 )
-from tightpack.core.mixture_plan import DEFAULT_WINDOW, MixturePlan, plan_mixture
+from tightpack.core.mixture_plan import DEFAULT_WINDOW, MixturePlan, pack_mixture, plan_mixture
 from tightpack.core.planner import PackPlan
 from tightpack.errors import TightpackError, check_choice
 from tightpack.offline.mixture_figures import packed_figures, repetitions, sample_sources
@@ -32,8 +32,8 @@ from tightpack.offline.mixture_figures import packed_figures, repetitions, sampl
 __all__ = ["MixtureConfig", "MixtureRun", "plan_mixture_run"]
 
 PACK_SEARCH_ROUNDS = 40
-"""Plans `plan_mixture_run` tries at most to meet a pack count exactly (each a resolve and a plan;
-interpolation usually needs a handful)."""
+"""Selections `plan_mixture_run` packs at most to meet a pack count exactly (each a resolve and a
+count of its packs; interpolation usually needs a handful)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,10 +173,13 @@ def plan_mixture_run(
             names=names,
         )
 
+    def packs(selection: MixtureSelection) -> int:  # the deal into batches keeps the pack count
+        return len(pack_mixture(selection, aligned, measure, pack_size, seed=seed))
+
     if mixture.total_packs is None:
         mixed = plan(resolve(mixture.total_tokens), tolerance=mixture.tolerance)
     else:
-        selection = _selection_for_packs(mixture.total_packs, pack_size, resolve, plan, real)
+        selection = _selection_for_packs(mixture.total_packs, pack_size, resolve, packs, real)
         mixed = plan(selection, max_packs=mixture.total_packs, tolerance=mixture.tolerance)
     chosen = np.zeros(len(keep), dtype=bool)
     chosen[mixed.plan.order] = True
@@ -184,7 +187,7 @@ def plan_mixture_run(
     return MixtureRun(mixed.plan, chosen, report)
 
 
-def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.ndarray) -> MixtureSelection:
+def _selection_for_packs(packs: int, pack_size: int, resolve, count, real: np.ndarray) -> MixtureSelection:
     """The selection whose plan fills ``packs`` packs (or the fewest past it, the plan then cut): a
     search over the mixture's total tokens, since how full packs are depends on the samples.
 
@@ -192,9 +195,9 @@ def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.nda
     it from above unless the cap does; then the largest mixture the cap allows does, and fewer packs
     than asked is an error naming the most it fills.
     Between, the total is narrowed (interpolated between the totals that fill too few and enough
-    packs, at most `PACK_SEARCH_ROUNDS` plans) until its plan has exactly ``packs`` packs or no total
-    is left between the two: a count met exactly needs no cut, so
-    every source keeps its whole passes first and its quota to half a sample.
+    packs, at most `PACK_SEARCH_ROUNDS` counts, ``count`` packing a selection as the plan does) until
+    its packs are exactly ``packs`` or no total is left between the two: a count met exactly needs no
+    cut, so every source keeps its whole passes first and its quota to half a sample.
     """
     high_tokens, largest = packs * pack_size, False
     while True:  # a total whose plan has the packs: full packs' tokens, doubled while rounding falls short
@@ -203,7 +206,7 @@ def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.nda
         except InfeasibleMixtureError:
             high, largest = resolve(None), True  # the largest mixture the cap allows
             high_tokens = int(real[high.samples].sum())
-        high_packs = len(plan(high).plan)
+        high_packs = count(high)
         if high_packs >= packs or largest:
             break
         high_tokens *= 2
@@ -228,7 +231,7 @@ def _selection_for_packs(packs: int, pack_size: int, resolve, plan, real: np.nda
         except InfeasibleMixtureError:  # under the feasible high: a total too small for some source
             low_tokens, low_packs = middle, 0
             continue
-        found = len(plan(selection).plan)
+        found = count(selection)
         if found >= packs:
             high, high_tokens, high_packs = selection, middle, found
         else:
