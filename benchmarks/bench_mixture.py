@@ -22,6 +22,9 @@ The user asks for 50/30/20 and writes the weights ``0.5, 0.3, 0.2``. On the same
   pack size, each source repeated at most ``--max-repetitions`` times or subsampled by seed), then
   `plan_mixture` with its defaults (global batches of 64 packs, chunks of 1,024 packs, exchanges until
   every full batch is within half a point or none helps).
+- ``tightpack's packs, read shuffled``: the same packs in a seeded random order, as a reader that
+  shuffles packs reads them (Megatron-Bridge's packed train dataset maps ``max_train_samples`` over the
+  rows with a per-epoch shuffle): the whole output's shares hold, the global batches are random draws.
 - ``Megatron: blend rows, then pack`` (Megatron-Bridge's raw-JSONL blend, row ratios, #5951): the weights
   read as Megatron-Core's ``BlendedDataset`` reads them, per sample. Its index is deterministic: sample
   ``i`` goes to the dataset whose error ``weight * max(i, 1) - samples taken so far`` is largest
@@ -105,8 +108,9 @@ TIGHTPACK = "tightpack"
 MEGATRON_ROWS = "Megatron: blend rows, then pack"
 MEGATRON_FOLDERS = "Megatron: blend packed folders"
 ENERGON = "Energon: random sample blend"
+SHUFFLED = "tightpack's packs, read shuffled"
 STREAM = "reference: tightpack's stream, unpacked"
-METHODS = (TIGHTPACK, MEGATRON_ROWS, MEGATRON_FOLDERS, ENERGON, STREAM)
+METHODS = (TIGHTPACK, SHUFFLED, MEGATRON_ROWS, MEGATRON_FOLDERS, ENERGON, STREAM)
 SAMPLE_WEIGHTED = (MEGATRON_ROWS, MEGATRON_FOLDERS, ENERGON)
 
 GOAL_WHOLE = 0.1  # points: tightpack over the whole output
@@ -424,9 +428,12 @@ def run_config(data: Sources, pack_size: int, args) -> dict:
     }
     planned, cpu, wall = best_of(runners, args.repeats)
     mixed, unmixed = planned["plan_mixture"], planned["plan_packs"]
-    results = {
-        TIGHTPACK: outcome(compositions(mixed.plan.offsets, mixed.plan.order, data), pack_size, targets)
-    }
+    mine = compositions(mixed.plan.offsets, mixed.plan.order, data)
+    results = {TIGHTPACK: outcome(mine, pack_size, targets)}
+    # the same packs in a seeded random order: what a reader that shuffles packs (Megatron-Bridge's packed
+    # train dataset maps max_train_samples with a per-epoch shuffle) makes of the global batches
+    shuffled = np.random.default_rng([args.seed, pack_size, 1]).permutation(len(mixed.plan))
+    results[SHUFFLED] = outcome({k: c[shuffled] for k, c in mine.items()}, pack_size, targets)
     # a reference, not a method: the interleaved stream itself cut every pack's worth of tokens, with no
     # pack boundary to respect (what the stream's order holds before packing)
     measure = data.supervised[selection.samples].astype(np.float64)

@@ -52,10 +52,21 @@ static int larger_first(const void *a, const void *b) {
     return (x->index > y->index) - (x->index < y->index);
 }
 
-static int smaller_first(const void *a, const void *b) {
-    const Keyed *x = a, *y = b;
-    if (x->key != y->key) return x->key < y->key ? -1 : 1;
-    return (x->index > y->index) - (x->index < y->index);
+/* `order` [n]: 0 .. n-1 stably sorted by `keys` (a counting sort over the keys' span); -1 when out of
+ * memory. */
+static int counting_order(const int64_t *keys, int64_t n, int64_t *order) {
+    int64_t low = 0, high = -1;
+    for (int64_t k = 0; k < n; k++) {
+        if (k == 0 || keys[k] < low) low = keys[k];
+        if (k == 0 || keys[k] > high) high = keys[k];
+    }
+    int64_t *starts = calloc((size_t)(high - low + 2), sizeof(int64_t));
+    if (starts == NULL) return -1;
+    for (int64_t k = 0; k < n; k++) starts[keys[k] - low + 1]++;
+    for (int64_t v = 1; v <= high - low + 1; v++) starts[v] += starts[v - 1];
+    for (int64_t k = 0; k < n; k++) order[starts[keys[k] - low]++] = k;
+    free(starts);
+    return 0;
 }
 
 /* One region: its packs [first, stop) and batches [first_batch, first_batch + batches); its items
@@ -129,6 +140,33 @@ static int strays(const double *sums, const double *shift, const double *targets
     for (Py_ssize_t s = 0; s < sources; s++)
         if (fabs(sums[s] + shift[s] - targets[s] * total) >= limit) return 1;
     return 0;
+}
+
+/* `strays` for a sample exchange: `sums` (holding `total`) less measure `out` of source `from`, plus
+ * `in` of source `to`; the source `first` checked first (the one furthest off: most candidates fail
+ * there). */
+static int exchange_strays(const double *sums, double total, const double *targets, Py_ssize_t sources,
+                           Py_ssize_t from, double out, Py_ssize_t to, double in, Py_ssize_t first, double bar) {
+    total += in - out;
+    if (total <= 0.0) return 0;
+    const double limit = bar * total;
+    for (Py_ssize_t k = -1; k < sources; k++) {
+        const Py_ssize_t s = k < 0 ? first : k;
+        if (k == first) continue;
+        const double x = sums[s] + (s == to ? in : 0.0) - (s == from ? out : 0.0) - targets[s] * total;
+        if (fabs(x) >= limit) return 1;
+    }
+    return 0;
+}
+
+/* The source of `sums` furthest from its target share, and their total. */
+static Py_ssize_t furthest(const double *sums, const double *targets, Py_ssize_t sources, double *total) {
+    *total = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) *total += sums[s];
+    Py_ssize_t worst = 0;
+    for (Py_ssize_t s = 1; s < sources; s++)
+        if (fabs(sums[s] - targets[s] * *total) > fabs(sums[worst] - targets[worst] * *total)) worst = s;
+    return worst;
 }
 
 static void place_in(const Deal *d, Region *g, int64_t p, Py_ssize_t b) {
@@ -230,7 +268,8 @@ static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssiz
     const Py_ssize_t S = d->sources, K = d->batch_packs;
     const int64_t bw = g->first_batch + w;
     int found = 0;
-    double bar = g->dev[w];
+    double bar = g->dev[w], total_w;
+    const Py_ssize_t first = furthest(g->sums + w * S, d->targets, S, &total_w);
     for (Py_ssize_t m = 0; m < g->count[w]; m++) {
         const int64_t a = g->members[w * K + m];
         const int64_t free_a = d->pack_size - g->used[a];
@@ -252,14 +291,19 @@ static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssiz
                 const int64_t b = g->pack[j];
                 const int64_t bb = batch_of(d, g, b) - g->first_batch;
                 if (bb == w || g->sample[j] == g->sample[i] || li > g->length[j] + d->pack_size - g->used[b]) continue;
+                const Py_ssize_t from = g->source[i], to = g->source[j];
+                const double out = g->measure[i], in = g->measure[j];
+                if (exchange_strays(g->sums + w * S, total_w, d->targets, S, from, out, to, in, first, bar)) continue;
                 for (Py_ssize_t s = 0; s < S; s++) shift[s] = 0.0;
-                shift[g->source[j]] += g->measure[j];
-                shift[g->source[i]] -= g->measure[i];
-                if (strays(g->sums + w * S, shift, d->targets, S, bar)) continue;
+                shift[to] += in;
+                shift[from] -= out;
                 double value = deviation(g->sums + w * S, shift, d->targets, S);
                 if (g->capacity[bb] == K) {
+                    double total_b;
+                    const Py_ssize_t first_b = furthest(g->sums + bb * S, d->targets, S, &total_b);
+                    if (exchange_strays(g->sums + bb * S, total_b, d->targets, S, to, in, from, out, first_b, bar))
+                        continue;
                     for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
-                    if (strays(g->sums + bb * S, shift, d->targets, S, bar)) continue;
                     const double new_b = deviation(g->sums + bb * S, shift, d->targets, S);
                     if (new_b > value) value = new_b;
                 }
@@ -450,25 +494,24 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     g.count = calloc(nb, sizeof(Py_ssize_t));
     g.capacity = malloc(sizeof(Py_ssize_t) * nb);
     g.members = malloc(sizeof(Py_ssize_t) * nb * (size_t)K);
-    Keyed *keyed = malloc(sizeof(Keyed) * ni);
+    int64_t *order = malloc(sizeof(int64_t) * ni);
     double *shift = malloc(sizeof(double) * (size_t)S);
     Py_ssize_t made = -1;
     if (!g.length || !g.sample || !g.source || !g.copies_from || !g.copies_to || !g.measure || !g.copies ||
         !g.pack || !g.place || !g.held_from || !g.held || !g.used || !g.sums || !g.dev || !g.count ||
-        !g.capacity || !g.members || !keyed || !shift)
+        !g.capacity || !g.members || !order || !shift)
         goto done;
     for (Py_ssize_t b = 0; b < batches; b++) g.capacity[b] = n - b * K < K ? n - b * K : K;
     /* the items, shortest first; each slot's item is its place in that order */
-    for (int64_t k = 0; k < items; k++) keyed[k] = (Keyed){(double)t->slot_length[first_slot + k], k};
-    qsort(keyed, (size_t)items, sizeof(Keyed), smaller_first);
+    if (counting_order(t->slot_length + first_slot, items, order) != 0) goto done;
     for (int64_t i = 0; i < items; i++) {
-        const int64_t slot = first_slot + keyed[i].index;
+        const int64_t slot = first_slot + order[i];
         g.length[i] = t->slot_length[slot];
         g.sample[i] = t->slot_sample[slot];
         g.source[i] = t->slot_source[slot];
         g.measure[i] = t->slot_measure[slot];
-        g.place[i] = keyed[i].index;
-        g.held[keyed[i].index] = i;
+        g.place[i] = order[i];
+        g.held[order[i]] = i;
     }
     for (int64_t p = 0; p <= n; p++) g.held_from[p] = t->pack_offsets[first + p] - first_slot;
     for (int64_t p = 0; p < n; p++)
@@ -477,15 +520,13 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
             g.used[p] += g.length[g.held[e]];
         }
     /* every item's copies: the items grouped by sample */
-    for (int64_t i = 0; i < items; i++) keyed[i] = (Keyed){(double)g.sample[i], i};
-    qsort(keyed, (size_t)items, sizeof(Keyed), smaller_first);
+    if (counting_order(g.sample, items, g.copies) != 0) goto done;
     for (int64_t k = 0; k < items;) {
         int64_t end = k + 1;
-        while (end < items && keyed[end].key == keyed[k].key) end++;
+        while (end < items && g.sample[g.copies[end]] == g.sample[g.copies[k]]) end++;
         for (int64_t c = k; c < end; c++) {
-            g.copies[c] = keyed[c].index;
-            g.copies_from[keyed[c].index] = k;
-            g.copies_to[keyed[c].index] = end;
+            g.copies_from[g.copies[c]] = k;
+            g.copies_to[g.copies[c]] = end;
         }
         k = end;
     }
@@ -502,7 +543,7 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     }
 done:
     free_region(&g);
-    free(keyed);
+    free(order);
     free(shift);
     return made;
 }
