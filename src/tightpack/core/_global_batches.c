@@ -180,14 +180,15 @@ static void place_in(const Deal *d, Region *g, int64_t p, Py_ssize_t b) {
 static int greedy(Deal *d, Region *g, double balance) {
     const Py_ssize_t S = d->sources, K = d->batch_packs, n = g->packs, B = g->batches;
     double *mean = calloc((size_t)S, sizeof(double));
-    double *off = calloc((size_t)(B * S), sizeof(double)); /* share deviation, in a mean batch's units */
-    double *rel = calloc((size_t)(B * S), sizeof(double)); /* measure over a mean batch's, less the packs' part */
-    double *step = malloc(sizeof(double) * (size_t)S);
-    double *scaled = malloc(sizeof(double) * (size_t)S);
-    char *passed = calloc((size_t)B, 1);
+    /* per source, every batch (source-major, so the cost loop runs over contiguous batches): its
+     * share deviation and its measure over a mean batch's less its packs' part, in mean-batch units */
+    double *off = calloc((size_t)(S * B), sizeof(double));
+    double *rel = calloc((size_t)(S * B), sizeof(double));
+    double *cost = malloc(sizeof(double) * (size_t)B);
+    double *closed = calloc((size_t)B, sizeof(double)); /* INFINITY once a batch is full */
     Keyed *keyed = malloc(sizeof(Keyed) * (size_t)n);
     int status = -1;
-    if (!mean || !off || !rel || !step || !scaled || !passed || !keyed) goto done;
+    if (!mean || !off || !rel || !cost || !closed || !keyed) goto done;
     for (int64_t p = 0; p < n; p++)
         for (Py_ssize_t s = 0; s < S; s++) mean[s] += row(d, g, p)[s];
     double total = 0.0;
@@ -208,41 +209,35 @@ static int greedy(Deal *d, Region *g, double balance) {
         const double *c = row(d, g, p);
         double weight = 0.0;
         for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
-        /* a batch's cost, less what is the same for every batch: sum_s step_s off_bs + balance x_s rel_bs */
+        /* a batch's cost, less what is the same for every batch: sum_s step_s off_sb + balance x_s rel_sb */
+        memcpy(cost, closed, sizeof(double) * (size_t)B);
         for (Py_ssize_t s = 0; s < S; s++) {
-            step[s] = (c[s] - d->targets[s] * weight) / mean[s];
-            scaled[s] = balance * c[s] / mean[s];
+            const double step = (c[s] - d->targets[s] * weight) / mean[s], scaled = balance * c[s] / mean[s];
+            const double *o = off + s * B, *r = rel + s * B;
+            for (Py_ssize_t b = 0; b < B; b++) cost[b] += step * o[b] + scaled * r[b];
         }
-        Py_ssize_t chosen = -1;
-        for (int ignore_copies = 0; chosen < 0; ignore_copies = 1) {
-            for (;;) {
-                Py_ssize_t pick = -1;
-                double best = INFINITY;
-                for (Py_ssize_t b = 0; b < B; b++) {
-                    if (g->count[b] == g->capacity[b] || passed[b]) continue;
-                    double cost = 0.0;
-                    for (Py_ssize_t s = 0; s < S; s++) cost += step[s] * off[b * S + s] + scaled[s] * rel[b * S + s];
-                    if (cost < best) {
-                        best = cost;
-                        pick = b;
-                    }
-                }
-                if (pick < 0) break; /* every batch with room holds a copy: the next pass takes the best */
-                if (ignore_copies || !pack_meets_copy(d, g, p, g->first_batch + pick, -1)) {
-                    chosen = pick;
-                    break;
-                }
-                passed[pick] = 1;
+        Py_ssize_t chosen = -1, fallback = -1;
+        for (;;) { /* the cheapest open batch that holds no copy of the pack's samples */
+            Py_ssize_t pick = -1;
+            for (Py_ssize_t b = 0; b < B; b++)
+                if (cost[b] < INFINITY && (pick < 0 || cost[b] < cost[pick])) pick = b;
+            if (pick < 0) break;
+            if (fallback < 0) fallback = pick;
+            if (!pack_meets_copy(d, g, p, g->first_batch + pick, -1)) {
+                chosen = pick;
+                break;
             }
-            memset(passed, 0, (size_t)B);
+            cost[pick] = INFINITY;
         }
+        if (chosen < 0) chosen = fallback; /* every batch with room holds a copy: the cheapest */
         place_in(d, g, p, chosen);
+        if (g->count[chosen] == g->capacity[chosen]) closed[chosen] = INFINITY;
         const double *sum = g->sums + chosen * S;
         double held = 0.0;
         for (Py_ssize_t s = 0; s < S; s++) held += sum[s];
         for (Py_ssize_t s = 0; s < S; s++) {
-            off[chosen * S + s] = (sum[s] - d->targets[s] * held) / mean[s];
-            rel[chosen * S + s] = sum[s] / mean[s] - (double)g->count[chosen] / (double)K;
+            off[s * B + chosen] = (sum[s] - d->targets[s] * held) / mean[s];
+            rel[s * B + chosen] = sum[s] / mean[s] - (double)g->count[chosen] / (double)K;
         }
     }
     status = 0;
@@ -250,9 +245,8 @@ done:
     free(mean);
     free(off);
     free(rel);
-    free(step);
-    free(scaled);
-    free(passed);
+    free(cost);
+    free(closed);
     free(keyed);
     return status;
 }
