@@ -15,8 +15,9 @@
  *   2. exchanges, until the worst full batch is within `aim` (a fraction) or none helps, at most
  *      `rounds_per_batch` per batch: the best sample exchange of the worst batch (a sample of it for
  *      one of the NEIGHBOURS samples nearest its length in another batch, both packs within
- *      `pack_size`; when none helps, one of the WIDE nearest), else the best pack exchange. The other batch, when full, must end closer than
- *      the worst was; no exchange brings a copy of a sample into a batch that holds one.
+ *      `pack_size`; when none helps, one of the WIDE nearest), else the best pack exchange. The other
+ *      batch must end closer than the worst was when it is full, and no further off than it was when
+ *      it is the partial last one; no exchange brings a copy of a sample into a batch that holds one.
  *
  * At the end the slots of every pack (the caller's arrays, in plan order) are rewritten with the
  * samples the pack holds, and `batch_out` names each pack's batch.
@@ -292,16 +293,17 @@ static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssiz
                 shift[to] += in;
                 shift[from] -= out;
                 double value = deviation(g->sums + w * S, shift, d->targets, S);
-                if (g->capacity[bb] == K) {
-                    double total_b;
-                    const Py_ssize_t first_b = furthest(g->sums + bb * S, d->targets, S, &total_b);
-                    if (exchange_strays(g->sums + bb * S, total_b, d->targets, S, to, in, from, out, first_b, bar))
-                        continue;
-                    for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
-                    const double new_b = deviation(g->sums + bb * S, shift, d->targets, S);
-                    if (new_b > value) value = new_b;
-                }
                 if (value >= bar) continue; /* `strays` and the exact figure may differ in the last bit */
+                const int full = g->capacity[bb] == K;
+                const double limit = full ? bar : fmax(bar, g->dev[bb]); /* a partial batch: no worse */
+                double total_b;
+                const Py_ssize_t first_b = furthest(g->sums + bb * S, d->targets, S, &total_b);
+                if (exchange_strays(g->sums + bb * S, total_b, d->targets, S, to, in, from, out, first_b, limit))
+                    continue;
+                for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+                const double new_b = deviation(g->sums + bb * S, shift, d->targets, S);
+                if (new_b >= limit) continue;
+                if (full && new_b > value) value = new_b;
                 if (copy_in_batch(d, g, j, bw, -1) || copy_in_batch(d, g, i, g->first_batch + bb, -1)) continue;
                 bar = value;
                 *best = (Exchange){value, i, j};
@@ -327,13 +329,14 @@ static int pack_exchange(const Deal *d, const Region *g, Py_ssize_t w, Exchange 
             for (Py_ssize_t s = 0; s < S; s++) shift[s] = cq[s] - cp[s];
             if (strays(g->sums + w * S, shift, d->targets, S, bar)) continue;
             double value = deviation(g->sums + w * S, shift, d->targets, S);
-            if (g->capacity[bq] == K) {
-                for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
-                if (strays(g->sums + bq * S, shift, d->targets, S, bar)) continue;
-                const double new_b = deviation(g->sums + bq * S, shift, d->targets, S);
-                if (new_b > value) value = new_b;
-            }
             if (value >= bar) continue;
+            const int full = g->capacity[bq] == K;
+            const double limit = full ? bar : fmax(bar, g->dev[bq]); /* a partial batch: no worse */
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+            if (strays(g->sums + bq * S, shift, d->targets, S, limit)) continue;
+            const double new_b = deviation(g->sums + bq * S, shift, d->targets, S);
+            if (new_b >= limit) continue;
+            if (full && new_b > value) value = new_b;
             if (pack_meets_copy(d, g, p, g->first_batch + bq, q) || pack_meets_copy(d, g, q, g->first_batch + w, p))
                 continue;
             bar = value;
