@@ -233,6 +233,29 @@ def test_deal_batches_keeps_every_entry_and_pack_and_never_makes_the_worst_batch
     assert batch_copies(exchanged) <= batch_copies(dealt_only)
 
 
+def running_rule_holds(composition: np.ndarray, targets: np.ndarray) -> bool:
+    """Each pack of ``composition`` (one batch, in order) is one that keeps the largest running
+    deviation ``|sum(measure_s) - target_s * sum(measure)|`` smallest among the packs left."""
+    deviation = composition - np.outer(composition.sum(axis=1), targets)
+    running = np.zeros(len(targets))
+    for step in range(len(deviation)):
+        values = np.abs(running + deviation[step:]).max(axis=1)
+        if values[0] > values.min() + 1e-9:
+            return False
+        running += deviation[step]
+    return True
+
+
+@settings(max_examples=100, deadline=None)
+@given(packed_sources(), st.integers(1, 6))
+def test_deal_batches_orders_each_batch_by_its_running_deviation(packed, window):
+    plan, lengths, measure, source, targets = packed
+    order = np.asarray(plan.order)
+    dealt = deal_batches(plan, lengths[order], measure[order], source[order], targets, 40, window)
+    for first in range(0, len(dealt.plan), window):
+        assert running_rule_holds(dealt.composition[first : first + window], targets)
+
+
 def test_deal_batches_balances_what_the_planned_order_does_not():
     """Packs of one source each, in source order: the deal puts both sources in every batch, each
     batch on target, and no batch holds a sample twice though each sample has four copies."""

@@ -19,8 +19,10 @@
  *      batch must end closer than the worst was when it is full, and no further off than it was when
  *      it is the partial last one; no exchange brings a copy of a sample into a batch that holds one.
  *
+ *   3. the packs of each batch put in order (`order_batch`).
+ *
  * At the end the slots of every pack (the caller's arrays, in plan order) are rewritten with the
- * samples the pack holds, and `batch_out` names each pack's batch.
+ * samples the pack holds, and `order_out` lists the packs in the order a run reads them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -441,10 +443,52 @@ static Py_ssize_t exchange(Deal *d, Region *g, Py_ssize_t rounds, double aim, do
     return rounds;
 }
 
+/* The packs of batch `b` in the order a run reads them, into `out`: each step the one (earliest in
+ * planned order on a tie) that keeps smallest the largest running deviation of any source,
+ * `sum(measure_s) - target_s * sum(measure)` over the batch's packs so far; so a stretch of packs that
+ * straddles two batches, the end of one and the start of the next, stays near the targets too. */
+static void order_batch(const Deal *d, const Region *g, Py_ssize_t b, int64_t *out, double *running) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs, n = g->count[b];
+    Py_ssize_t *members = g->members + b * K;
+    for (Py_ssize_t m = 1; m < n; m++) /* planned order first: the earliest wins a tie */
+        for (Py_ssize_t k = m; k > 0 && members[k - 1] > members[k]; k--) {
+            const Py_ssize_t swap = members[k];
+            members[k] = members[k - 1];
+            members[k - 1] = swap;
+        }
+    for (Py_ssize_t s = 0; s < S; s++) running[s] = 0.0;
+    for (Py_ssize_t step = 0; step < n; step++) {
+        Py_ssize_t best = step;
+        double best_value = INFINITY;
+        for (Py_ssize_t m = step; m < n; m++) { /* members[step:] are the packs left */
+            const double *c = row(d, g, members[m]);
+            double weight = 0.0, value = 0.0;
+            for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
+            for (Py_ssize_t s = 0; s < S; s++) {
+                const double x = fabs(running[s] + c[s] - d->targets[s] * weight);
+                if (x > value) value = x;
+            }
+            if (value < best_value) {
+                best_value = value;
+                best = m;
+            }
+        }
+        const Py_ssize_t chosen = members[best];
+        for (Py_ssize_t m = best; m > step; m--) members[m] = members[m - 1]; /* the rest keep their order */
+        members[step] = chosen;
+        const double *c = row(d, g, chosen);
+        double weight = 0.0;
+        for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
+        for (Py_ssize_t s = 0; s < S; s++) running[s] += c[s] - d->targets[s] * weight;
+        out[step] = g->first + chosen;
+    }
+}
+
 typedef struct {
     const int64_t *pack_offsets;
     int64_t *slot_sample, *slot_length, *slot_source;
     double *slot_measure;
+    int64_t *order; /* [packs]: the packs in the order a run reads them */
 } Slots;
 
 static void free_region(Region *g) {
@@ -531,6 +575,7 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     for (Py_ssize_t b = 0; b < batches; b++) g.dev[b] = deviation(g.sums + b * S, NULL, d->targets, S);
     part_copies(d, &g, shift);
     made = exchange(d, &g, rounds_per_batch * batches, aim, shift);
+    for (Py_ssize_t b = 0; b < batches; b++) order_batch(d, &g, b, t->order + (first_batch + b) * K, shift);
     for (int64_t k = 0; k < items; k++) { /* every slot: the item its pack holds there */
         const int64_t i = g.held[k], slot = first_slot + k;
         t->slot_sample[slot] = g.sample[i];
@@ -547,19 +592,19 @@ done:
 
 /* deal_batches(targets: float64 [sources], batch_packs, region_batches, balance, rounds_per_batch, aim,
  * pack_size, pack_offsets: int64 [packs + 1], composition: float64 [packs * sources], slot_sample,
- * slot_length, slot_source: int64 [slots], slot_measure: float64 [slots], batch_out: int64 [packs])
+ * slot_length, slot_source: int64 [slots], slot_measure: float64 [slots], order_out: int64 [packs])
  * -> the exchanges made. The composition and the slots are updated in place. */
 static PyObject *deal_batches(PyObject *self, PyObject *args) {
-    Py_buffer targets, pack_offsets, composition, slot_sample, slot_length, slot_source, slot_measure, batch;
+    Py_buffer targets, pack_offsets, composition, slot_sample, slot_length, slot_source, slot_measure, order;
     Py_ssize_t batch_packs, region_batches, rounds_per_batch;
     long long pack_size;
     double balance, aim;
     if (!PyArg_ParseTuple(args, "y*nndndLy*w*w*w*w*w*w*", &targets, &batch_packs, &region_batches, &balance,
                           &rounds_per_batch, &aim, &pack_size, &pack_offsets, &composition, &slot_sample,
-                          &slot_length, &slot_source, &slot_measure, &batch))
+                          &slot_length, &slot_source, &slot_measure, &order))
         return NULL;
     PyObject *result = NULL;
-    const Py_ssize_t packs = batch.len / (Py_ssize_t)sizeof(int64_t);
+    const Py_ssize_t packs = order.len / (Py_ssize_t)sizeof(int64_t);
     const Py_ssize_t sources = targets.len / (Py_ssize_t)sizeof(double);
     const Py_ssize_t slots = slot_sample.len / (Py_ssize_t)sizeof(int64_t);
     if (sources < 1 || batch_packs < 1 || region_batches < 1 || rounds_per_batch < 0 ||
@@ -570,8 +615,13 @@ static PyObject *deal_batches(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "deal_batches: buffers of mismatched sizes");
         goto done;
     }
-    Deal d = {sources, batch_packs, (int64_t)pack_size, targets.buf, composition.buf, batch.buf};
-    Slots t = {pack_offsets.buf, slot_sample.buf, slot_length.buf, slot_source.buf, slot_measure.buf};
+    int64_t *batch = malloc(sizeof(int64_t) * (size_t)(packs + 1));
+    if (batch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Deal d = {sources, batch_packs, (int64_t)pack_size, targets.buf, composition.buf, batch};
+    Slots t = {pack_offsets.buf, slot_sample.buf, slot_length.buf, slot_source.buf, slot_measure.buf, order.buf};
     for (Py_ssize_t p = 0; p < packs; p++) d.batch[p] = -1;
     const Py_ssize_t batches = (packs + batch_packs - 1) / batch_packs;
     Py_ssize_t made = 0;
@@ -588,6 +638,7 @@ static PyObject *deal_batches(PyObject *self, PyObject *args) {
         b += count;
     }
     Py_END_ALLOW_THREADS
+    free(batch);
     if (failed) {
         PyErr_NoMemory();
         goto done;
@@ -601,14 +652,14 @@ done:
     PyBuffer_Release(&slot_length);
     PyBuffer_Release(&slot_source);
     PyBuffer_Release(&slot_measure);
-    PyBuffer_Release(&batch);
+    PyBuffer_Release(&order);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"deal_batches", deal_batches, METH_VARARGS,
      "deal_batches(targets, batch_packs, region_batches, balance, rounds_per_batch, aim, pack_size, "
-     "pack_offsets, composition, slot_sample, slot_length, slot_source, slot_measure, batch_out) -> exchanges"},
+     "pack_offsets, composition, slot_sample, slot_length, slot_source, slot_measure, order_out) -> exchanges"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,6 +21,10 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    when it is the partial last one. No exchange brings a copy of a
    sample into a batch that holds one. At most ``rounds_per_batch`` exchanges per batch of a region;
    the exchanges stop when none helps.
+3. **Order**: the packs of each batch are put in the order that keeps the largest running
+   deviation of any source (its measure so far less its target share of the batch's so far) smallest,
+   the earliest planned on a tie: a stretch of packs that straddles two batches, the end of one and
+   the start of the next, then holds the targets nearly as well as a batch does.
 
 The worst full batch is what `tightpack.core.mixture_plan.window_deviation` counts; how close it comes
 is data-dependent (a sample whose measure is a large part of a batch's share needs samples dense in
@@ -123,13 +127,12 @@ def deal_batches(
     composition = np.bincount(
         pack_of * len(targets) + slot_source, slot_measure, minlength=packs * len(targets)
     ).reshape(packs, len(targets))
-    batch = np.empty(packs, dtype=np.int64)
+    order = np.empty(packs, dtype=np.int64)
     exchanges = _global_batches.deal_batches(
         targets, int(batch_packs), int(region_batches), float(balance), int(rounds_per_batch),
         float(aim) / 100, int(pack_size), offsets, composition, slot_sample, slot_length, slot_source,
-        slot_measure, batch,
+        slot_measure, order,
     )  # fmt: skip
-    order = np.argsort(batch, kind="stable")  # within a batch, the planned order
     sizes = np.diff(offsets)[order]
     slots = concatenated_ranges(offsets[order], sizes)
     dealt = PackPlan(
