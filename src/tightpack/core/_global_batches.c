@@ -15,7 +15,8 @@
  *   2. exchanges, until the worst full batch is within `aim` (a fraction) or none helps, at most
  *      `rounds_per_batch` per batch: the best sample exchange of the worst batch (a sample of it for
  *      one of the NEIGHBOURS samples nearest its length in another batch, both packs within
- *      `pack_size`; when none helps, one of the WIDE nearest), else the best pack exchange. The other
+ *      `pack_size`; when none helps, one of the WIDE nearest), else the best pack exchange (at most
+ *      as many pack exchanges as batches: each scans the region). The other
  *      batch must end closer than the worst was when it is full, and no further off than it was when
  *      it is the partial last one; no exchange brings a copy of a sample into a batch that holds one.
  *
@@ -427,6 +428,7 @@ static void part_copies(Deal *d, Region *g, double *shift) {
 /* Step 2: returns the exchanges made. */
 static Py_ssize_t exchange(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift) {
     const Py_ssize_t K = d->batch_packs;
+    Py_ssize_t pack_scans = g->batches; /* a pack exchange scans the region: at most one per batch */
     for (Py_ssize_t round = 0; round < rounds; round++) {
         Py_ssize_t w = -1;
         for (Py_ssize_t b = 0; b < g->batches; b++)
@@ -435,7 +437,7 @@ static Py_ssize_t exchange(Deal *d, Region *g, Py_ssize_t rounds, double aim, do
         Exchange best;
         if (sample_exchange(d, g, w, NEIGHBOURS, &best, shift) || sample_exchange(d, g, w, WIDE, &best, shift))
             exchange_samples(d, g, best.mine, best.theirs);
-        else if (pack_exchange(d, g, w, &best, shift))
+        else if (pack_scans-- > 0 && pack_exchange(d, g, w, &best, shift))
             exchange_packs(d, g, w, best.mine, best.theirs);
         else
             return round; /* the worst batch is as good as single exchanges make it */

@@ -16,7 +16,7 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    targets, the exchange that leaves the larger of the two batches' deviations smallest is made: a
    sample of the worst batch for one of the 32 samples nearest its length in another batch (both
    packs within the pack size; fill and pack count unchanged), else one of the 1,024 nearest, else,
-   when no sample exchange helps, a pack for a pack. The other batch must end closer than the worst
+   when no sample exchange helps, a pack for a pack (at most as many pack exchanges as batches). The other batch must end closer than the worst
    was when it is full (so the worst full batch never gets worse), and no further off than it was
    when it is the partial last one. No exchange brings a copy of a
    sample into a batch that holds one. At most ``rounds_per_batch`` exchanges per batch of a region;
