@@ -256,6 +256,23 @@ def test_deal_batches_orders_each_batch_by_its_running_deviation(packed, window)
         assert running_rule_holds(dealt.composition[first : first + window], targets)
 
 
+def test_deal_batches_parts_copies_the_packs_alone_cannot():
+    """Packs of many small samples, each sample three times: nearly every pack meets a copy in every
+    batch, so the packs alone cannot keep copies apart; exchanges of samples of the same length and
+    measure do, and no global batch holds a sample twice."""
+    rng = np.random.default_rng(3)
+    lengths, measure = rng.integers(1, 4, 2000), rng.integers(1, 3, 2000).astype(float)
+    source = rng.integers(0, 2, 2000)
+    entries = rng.permutation(np.repeat(np.arange(2000), 3))
+    packed = pack_chunks(entries, lengths[entries], 240, chunk_tokens=10**9)
+    plan = PackPlan(entries[packed.order], packed.offsets)
+    order = np.asarray(plan.order)
+    dealt = deal_batches(plan, lengths[order], measure[order], source[order], np.array([0.5, 0.5]), 240, 8)
+    batch = np.repeat(np.arange(len(dealt.plan)), dealt.plan.pack_sizes) // 8
+    assert len(np.unique(batch * 2000 + dealt.plan.order)) == len(dealt.plan.order)
+    assert sorted(dealt.plan.order.tolist()) == sorted(order.tolist())
+
+
 def test_deal_batches_balances_what_the_planned_order_does_not():
     """Packs of one source each, in source order: the deal puts both sources in every batch, each
     batch on target, and no batch holds a sample twice though each sample has four copies."""

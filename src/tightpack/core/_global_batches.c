@@ -11,15 +11,19 @@
  *   1. greedy: the packs, largest first, each to the batch with room where it adds least to the
  *      squared share deviation plus `balance` times the squared distance from a mean batch; a batch
  *      holding a copy of one of its samples is passed over unless every batch with room does; then a
- *      pack put with a copy is exchanged with a pack of another batch where neither holds a copy;
- *   2. exchanges, until the worst full batch is within `aim` (a fraction) or none helps, at most
- *      `rounds_per_batch` per batch: the best sample exchange of the worst batch (a sample of it for
- *      one of the NEIGHBOURS samples nearest its length in another batch, both packs within
- *      `pack_size`; when none helps, one of the WIDE nearest), else the best pack exchange (at most
- *      as many pack exchanges as batches: each scans the region). The other
- *      batch must end closer than the worst was when it is full, and no further off than it was when
- *      it is the partial last one; no exchange brings a copy of a sample into a batch that holds one.
- *
+ *      pack put with a copy is exchanged with a pack of another batch where neither holds a copy
+ *      (`part_copies`), and a sample still beside its copy with a sample of another batch
+ *      (`part_samples`);
+ *   2. exchanges (`exchange`, `improve`), until every full batch is within `aim` (a fraction) or none
+ *      can be made better, at most `rounds_per_batch` per batch. Each round takes the worst full
+ *      batch (when no exchange makes it better, the next worst above the aim, and so on) and makes
+ *      the better of: the best sample exchange (a sample of it for one of the samples nearest its
+ *      length in another batch, both packs within `pack_size`: NEIGHBOURS of each, fewer for a batch
+ *      of many samples), taken at once when it closes half the batch's way to the aim; the best pack
+ *      exchange with one of about PACK_CANDIDATES packs of the region; the best sample exchange among
+ *      the WIDE nearest. The other batch must end closer than the worst was when it is full, and no
+ *      further off than it was when it is the partial last one; no exchange brings a copy of a sample
+ *      into a batch that holds one;
  *   3. the packs of each batch put in order (`order_batch`).
  *
  * At the end the slots of every pack (the caller's arrays, in plan order) are rewritten with the
@@ -36,6 +40,12 @@
  * mixture at 8k: 16 leaves its batches of one long sample a point off, 64 takes longer, no closer. */
 #define NEIGHBOURS 32
 #define WIDE 1024 /* ... when none of those helps, before pack exchanges are tried */
+/* Candidates one scan looks at, at most: a batch of many small samples looks at fewer neighbours of
+ * each (no fewer than 4). */
+#define SCAN_BUDGET (1 << 16)
+#define WIDE_BUDGET (1 << 18)
+#define PACK_CANDIDATES 1024 /* packs a pack exchange looks at as partners */
+#define PART_NEIGHBOURS 4096 /* samples nearest in length looked at to part a sample from its copy */
 
 typedef struct {
     Py_ssize_t sources, batch_packs;
@@ -317,12 +327,16 @@ static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssiz
     return found;
 }
 
-/* The best pack exchange for the worst batch `w` into `best`; returns 0 when none makes it better. */
-static int pack_exchange(const Deal *d, const Region *g, Py_ssize_t w, Exchange *best, double *shift) {
+/* The best pack exchange for the worst batch `w` into `best`, its partner among about PACK_CANDIDATES
+ * packs of the region (another set for another `offset`); returns 0 when none makes it better. */
+static int pack_exchange(const Deal *d, const Region *g, Py_ssize_t w, int64_t offset, Exchange *best,
+                         double *shift) {
     const Py_ssize_t S = d->sources, K = d->batch_packs;
     int found = 0;
     double bar = g->dev[w];
-    for (int64_t q = 0; q < g->packs; q++) {
+    /* every stride-th pack of the region from `offset`: about PACK_CANDIDATES of them */
+    const int64_t stride = g->packs > PACK_CANDIDATES ? g->packs / PACK_CANDIDATES : 1;
+    for (int64_t q = offset % stride; q < g->packs; q += stride) {
         const int64_t bq = batch_of(d, g, q) - g->first_batch;
         if (bq == w) continue;
         const double *cq = row(d, g, q);
@@ -396,6 +410,53 @@ static void exchange_packs(Deal *d, Region *g, Py_ssize_t w, int64_t p, int64_t 
     g->dev[bq] = deviation(g->sums + bq * S, NULL, d->targets, S);
 }
 
+/* Samples still beside a copy of themselves in their batch (where the greedy had to put a pack with a
+ * copy and no pack exchange parted them), each exchanged with a sample of the same source and about
+ * its length in another batch (both packs within the pack size) that holds no copy of it and whose
+ * own sample has none in this batch: one of the same measure when there is one (the shares do not
+ * move), else one that leaves neither batch further off than it was or than `aim`. */
+static void part_samples(Deal *d, Region *g, double aim, double *shift) {
+    const Py_ssize_t S = d->sources;
+    for (int64_t i = 0; i < g->items; i++) {
+        const int64_t bi = batch_of(d, g, g->pack[i]);
+        if (!copy_in_batch(d, g, i, bi, -1)) continue;
+        const int64_t a = g->pack[i], free_a = d->pack_size - g->used[a], li = g->length[i];
+        int64_t chosen = -1;
+        for (int same_measure = 1; same_measure >= 0 && chosen < 0; same_measure--) {
+            int64_t up = i + 1, down = i - 1;
+            for (Py_ssize_t looked = 0; looked < PART_NEIGHBOURS && (up < g->items || down >= 0) && chosen < 0;
+                 looked++) {
+                int64_t j;
+                if (up < g->items && (down < 0 || g->length[up] - li <= li - g->length[down])) {
+                    j = up++;
+                    if (g->length[j] > li + free_a) {
+                        up = g->items;
+                        continue;
+                    }
+                } else {
+                    j = down--;
+                }
+                const int64_t b = g->pack[j], bj = batch_of(d, g, b);
+                if (bj == bi || g->source[j] != g->source[i] || g->sample[j] == g->sample[i] ||
+                    li > g->length[j] + d->pack_size - g->used[b])
+                    continue;
+                if (same_measure ? g->measure[j] != g->measure[i] : g->measure[j] == g->measure[i]) continue;
+                if (!same_measure) {
+                    const Py_ssize_t s = g->source[i], ri = bi - g->first_batch, rj = bj - g->first_batch;
+                    for (Py_ssize_t k = 0; k < S; k++) shift[k] = 0.0;
+                    shift[s] = g->measure[j] - g->measure[i];
+                    if (deviation(g->sums + ri * S, shift, d->targets, S) > fmax(g->dev[ri], aim)) continue;
+                    shift[s] = -shift[s];
+                    if (deviation(g->sums + rj * S, shift, d->targets, S) > fmax(g->dev[rj], aim)) continue;
+                }
+                if (copy_in_batch(d, g, j, bi, -1) || copy_in_batch(d, g, i, bj, -1)) continue;
+                chosen = j;
+            }
+        }
+        if (chosen >= 0) exchange_samples(d, g, i, chosen);
+    }
+}
+
 /* Packs the greedy put with a copy of one of their samples, each exchanged with the pack of another
  * batch that leaves neither batch holding a sample twice and the larger deviation of the two smallest
  * (none: it stays). */
@@ -426,23 +487,64 @@ static void part_copies(Deal *d, Region *g, double *shift) {
 }
 
 /* Step 2: returns the exchanges made. */
+/* The samples of batch `b`'s packs. */
+static int64_t items_of(const Region *g, Py_ssize_t b, Py_ssize_t K) {
+    int64_t items = 0;
+    for (Py_ssize_t m = 0; m < g->count[b]; m++) {
+        const int64_t p = g->members[b * K + m];
+        items += g->held_from[p + 1] - g->held_from[p];
+    }
+    return items;
+}
+
+/* One exchange that makes batch `w` better (module comment); returns 0 when none does. */
+static int improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize_t *pack_scans, double *shift) {
+    const Py_ssize_t K = d->batch_packs;
+    const int64_t items = items_of(g, w, K) + 1;
+    const Py_ssize_t near = NEIGHBOURS < SCAN_BUDGET / items ? NEIGHBOURS : (SCAN_BUDGET / items > 4 ? SCAN_BUDGET / items : 4);
+    const Py_ssize_t wide = WIDE < WIDE_BUDGET / items ? WIDE : (WIDE_BUDGET / items > near ? WIDE_BUDGET / items : near);
+    Exchange sample, pack;
+    const int by_sample = sample_exchange(d, g, w, near, &sample, shift);
+    if (by_sample && g->dev[w] - sample.value >= 0.5 * (g->dev[w] - aim)) { /* half the way: no pack scan */
+        exchange_samples(d, g, sample.mine, sample.theirs);
+        return 1;
+    }
+    const int by_pack = *pack_scans > 0 && pack_exchange(d, g, w, *pack_scans, &pack, shift);
+    if (by_pack) --*pack_scans;
+    if (by_pack && (!by_sample || pack.value < sample.value)) {
+        exchange_packs(d, g, w, pack.mine, pack.theirs);
+        return 1;
+    }
+    if (by_sample || (wide > near && sample_exchange(d, g, w, wide, &sample, shift))) {
+        exchange_samples(d, g, sample.mine, sample.theirs);
+        return 1;
+    }
+    return 0;
+}
+
+/* Step 2: returns the exchanges made. Each round works on the worst full batch; when no exchange
+ * makes it better, on the next worst above the aim, and so on (an exchange elsewhere may open one for
+ * the worst); it stops when none of them can be made better. */
 static Py_ssize_t exchange(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift) {
     const Py_ssize_t K = d->batch_packs;
-    Py_ssize_t pack_scans = g->batches; /* a pack exchange scans the region: at most one per batch */
-    for (Py_ssize_t round = 0; round < rounds; round++) {
+    Py_ssize_t pack_scans = 8 * g->batches; /* a pack exchange scans the region: at most 8 per batch */
+    char *tried = calloc((size_t)g->batches, 1);
+    if (tried == NULL) return 0; /* out of memory: the deal as the greedy left it */
+    Py_ssize_t made = 0;
+    while (made < rounds) {
         Py_ssize_t w = -1;
         for (Py_ssize_t b = 0; b < g->batches; b++)
-            if (g->capacity[b] == K && (w < 0 || g->dev[b] > g->dev[w])) w = b;
-        if (w < 0 || g->dev[w] <= aim) return round;
-        Exchange best;
-        if (sample_exchange(d, g, w, NEIGHBOURS, &best, shift) || sample_exchange(d, g, w, WIDE, &best, shift))
-            exchange_samples(d, g, best.mine, best.theirs);
-        else if (pack_scans-- > 0 && pack_exchange(d, g, w, &best, shift))
-            exchange_packs(d, g, w, best.mine, best.theirs);
-        else
-            return round; /* the worst batch is as good as single exchanges make it */
+            if (g->capacity[b] == K && !tried[b] && g->dev[b] > aim && (w < 0 || g->dev[b] > g->dev[w])) w = b;
+        if (w < 0) break; /* every batch within the aim, or none that single exchanges make better */
+        if (improve(d, g, w, aim, &pack_scans, shift)) {
+            made++;
+            memset(tried, 0, (size_t)g->batches);
+        } else {
+            tried[w] = 1;
+        }
     }
-    return rounds;
+    free(tried);
+    return made;
 }
 
 /* The packs of batch `b` in the order a run reads them, into `out`: each step the one (earliest in
@@ -576,6 +678,7 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     if (greedy(d, &g, balance) != 0) goto done;
     for (Py_ssize_t b = 0; b < batches; b++) g.dev[b] = deviation(g.sums + b * S, NULL, d->targets, S);
     part_copies(d, &g, shift);
+    part_samples(d, &g, aim, shift);
     made = exchange(d, &g, rounds_per_batch * batches, aim, shift);
     for (Py_ssize_t b = 0; b < batches; b++) order_batch(d, &g, b, t->order + (first_batch + b) * K, shift);
     for (int64_t k = 0; k < items; k++) { /* every slot: the item its pack holds there */
