@@ -301,6 +301,7 @@ def test_inspect_draws_the_batches_a_run_reads_and_its_html_holds_the_mixture_ta
 
     page = Page((tmp_path / "report.html").read_text(encoding="utf-8"))
     assert page.captions == [mixture_title(mixture)]
+    assert f"last batch (2 of 4 packs) {off[4]:.2f} points off" in mixture_title(mixture)
     names = [entry["name"] for entry in mixture["sources"]]
     start = page.rows.index(["source", *names])
     table = {row[0]: row[1:] for row in page.rows[start:]}

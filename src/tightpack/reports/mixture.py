@@ -75,8 +75,16 @@ def worst_batch(windows: dict[str, Any]) -> str:
 
 
 def mixture_title(mixture: dict[str, Any]) -> str:
-    """What the table shows: the measure, and the worst global batch with its size."""
-    return f"mixture by {mixture['mix_by']}: worst {worst_batch(mixture['windows'])}"
+    """What the table shows: the measure, the worst global batch with its size, and the last batch
+    when it holds fewer packs (counted apart)."""
+    windows = mixture["windows"]
+    title = f"mixture by {mixture['mix_by']}: worst {worst_batch(windows)}"
+    if windows.get("last_batch_packs"):
+        title += (
+            f"; last batch ({windows['last_batch_packs']:,} of {windows['window_packs']:,} packs) "
+            f"{windows['last_batch_points']:.2f} points off"
+        )
+    return title
 
 
 def window_edges(windows: int, window: int, packs: int) -> np.ndarray:
