@@ -509,11 +509,12 @@ def test_just_past_the_largest_total_is_named_so_and_its_largest_is_accepted():
 
 
 def _subsampled_source(seed: int) -> tuple[int | None, str | None]:
-    """Source 0 holds a sample of 2 tokens and one of 200, source 1 fifty of 100; at 1:99 of 1,000
-    tokens source 0's quota is 10: the seeded subsample takes the 2 where it comes first, and nothing
-    where the 200 does (over twice the quota). What source 0 is taken, or the error."""
-    lengths = np.array([2, 200] + [100] * 50)
-    source = np.repeat([0, 1], [2, 50])
+    """Source 0 holds a sample of 2 tokens and 100 of 200, source 1 fifty of 100; at 1:99 of 1,000
+    tokens source 0's quota is 10: the seeded subsample leaves out every 200 it meets (over twice
+    the quota) and takes the 2 where it comes among the first `SKIPPED_SAMPLES` + 1 it tries, and
+    nothing where it comes later. What source 0 is taken, or the error."""
+    lengths = np.array([2] + [200] * 100 + [100] * 50)
+    source = np.repeat([0, 1], [101, 50])
     try:
         chosen = resolve_mixture(lengths, lengths, source, [1, 99], total_tokens=1_000, seed=seed)
     except InfeasibleMixtureError as error:
@@ -525,15 +526,15 @@ def test_a_source_taken_nothing_is_told_the_sample_its_seed_put_first():
     """The tester's chat.jsonl: a quota of 75.6 supervised tokens, its smallest sample 11, and the error
     said the quota was under half of that smallest sample; it was under half of the 204 that the
     seeded order put first, and other seeds took a sample."""
-    outcomes = [_subsampled_source(seed) for seed in range(16)]
+    outcomes = [_subsampled_source(seed) for seed in range(24)]
     failed = [message for _, message in outcomes if message is not None]
     taken = [chosen for chosen, _ in outcomes if chosen is not None]
     assert failed and taken  # the seed decides
     for message in failed:
         assert message.startswith(
-            "the mixture takes nothing of source 0: its quota of 10.0 tokens is under half of the first "
-            "sample its seeded subsample takes (200 tokens; its smallest holds 2): another seed may take "
-            "a smaller one first, or ask for a larger mixture in total_tokens"
+            "the mixture takes nothing of source 0: its quota of 10.0 tokens is under half of each "
+            "sample its seeded subsample tried (the first holds 200 tokens; its smallest holds 2): "
+            "another seed may try a smaller one, or ask for a larger mixture in total_tokens"
         ), message
     assert set(taken) == {2}
 

@@ -42,6 +42,10 @@ MAX_ENTRIES = 10**8
 """The most samples (repetitions counted) one mixture may hold: past it, a large repetition cap with no
 total is an error before any memory is taken, not an allocation that fails."""
 
+SKIPPED_SAMPLES = 64
+"""Samples a last, partial pass leaves out at most because each would pass its quota by more than it
+would miss it without (`_last_pass`)."""
+
 
 class InfeasibleMixtureError(TightpackError):
     """Mixture targets that a source cannot reach under the repetition cap."""
@@ -210,15 +214,11 @@ def resolve_mixture(
         whole = math.floor(ratio + 1e-9)  # the tightest source at the cap: exactly R copies
         rest = quotas[s] - whole * available[s]
         order = np.random.default_rng(rng_seeds[s]).permutation(members)
-        reached = np.cumsum(measure[order])
-        k = int(np.searchsorted(reached, rest))  # reached[k - 1] < rest <= reached[k]
-        below = reached[k - 1] if k else 0
         room = (max_repetitions - whole) * available[s] * (1 + 1e-12)  # the cap, never passed by rounding
-        if k < len(order) and reached[k] - rest < rest - below and reached[k] <= room:  # the nearer prefix
-            k += 1
-        part = np.concatenate([np.tile(members, whole), order[:k]])
+        last = _last_pass(order, measure[order], rest, room)
+        part = np.concatenate([np.tile(members, whole), last])
         parts.append(part)
-        passes.append(np.repeat(np.arange(whole + 1), [len(members)] * whole + [k]))
+        passes.append(np.repeat(np.arange(whole + 1), [len(members)] * whole + [len(last)]))
         chosen[s] = int(measure[part].sum())
         firsts[s] = int(measure[order[np.argmax(measure[order] > 0)]]) if len(order) else 0
     if (chosen == 0).any():
@@ -247,9 +247,37 @@ def resolve_mixture(
     )
 
 
+def _last_pass(order: np.ndarray, measure: np.ndarray, quota: float, room: float) -> np.ndarray:
+    """The samples of a source's last, partial pass: ``order`` (seeded) taken in turn while the sum
+    of ``measure`` stays under ``quota``; a sample that would pass it is taken when that ends nearer
+    the quota than leaving it out (and keeps the sum within ``room``, the cap), else left out and the
+    samples after it fill on (at most `SKIPPED_SAMPLES` left out): one large sample at the cut costs
+    the mixture its share only when no smaller sample after it fits.
+
+    >>> _last_pass(np.arange(5), np.array([3.0, 9.0, 2.0, 1.0, 4.0]), 6.0, 100.0).tolist()
+    [0, 2, 3]
+    """
+    reached = np.cumsum(measure)
+    taken: list[np.ndarray] = []
+    start, total = 0, 0.0
+    for _ in range(SKIPPED_SAMPLES + 1):
+        before = reached[start - 1] if start else 0.0
+        stop = int(np.searchsorted(reached, before + quota - total, side="right"))  # fits under the quota
+        taken.append(order[start:stop])
+        total += (reached[stop - 1] if stop > start else before) - before
+        if stop == len(order) or total >= quota:
+            break
+        over = total + measure[stop] - quota  # the next sample passes the quota by this much
+        if over < quota - total and total + measure[stop] <= room:
+            taken.append(order[stop : stop + 1])
+            break
+        start = stop + 1
+    return np.concatenate(taken) if taken else order[:0]
+
+
 def _takes_nothing(name: str, quota: float, first: int, smallest: int, by: str, has_total: bool) -> str:
-    """The message of a source whose quota takes no sample. Its subsample is the prefix of a seeded
-    order nearest its quota: the quota is under half of the ``first`` sample of that order (with
+    """The message of a source whose quota takes no sample. Its subsample takes a seeded order in turn
+    (`_last_pass`): the quota is under half of each sample it tried, ``first`` the first of them (with
     some measure), which the seed picks; under half of its ``smallest`` sample too, no seed takes one."""
     unit = _unit(by)
     text = f"the mixture takes nothing of {name}: its quota of {quota:.1f} {unit} is under half of "
@@ -259,8 +287,8 @@ def _takes_nothing(name: str, quota: float, first: int, smallest: int, by: str, 
             return text + "its weight is too small for any sample: give it a larger weight"
     else:
         text += (
-            f"the first sample its seeded subsample takes ({first:,} {unit}; its smallest holds "
-            f"{smallest:,}): another seed may take a smaller one first, or "
+            f"each sample its seeded subsample tried (the first holds {first:,} {unit}; its smallest "
+            f"holds {smallest:,}): another seed may try a smaller one, or "
         )
     if has_total:
         return text + "ask for a larger mixture in total_tokens, or give it a larger weight"
