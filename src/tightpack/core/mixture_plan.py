@@ -276,7 +276,7 @@ def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> Mixtur
     return MixtureWindowError(
         f"global batch {windows.first_pack // windows.window} (packs {windows.first_pack}-"
         f"{windows.first_pack + windows.window - 1}) holds {achieved:.1%} of {name} against a target of "
-        f"{targets[windows.source]:.1%}, {windows.points:.2f} points off (tolerance {tolerance:g}): a "
+        f"{targets[windows.source]:.1%}, {windows.points:.4g} points off (tolerance {tolerance:g}): a "
         "larger global batch, a larger pack size or less unequal samples per source bring batches closer"
     )
 
