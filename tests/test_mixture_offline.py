@@ -411,7 +411,31 @@ def test_changed_windows_shares_and_counts_fail_naming_the_field(mixed, tmp_path
     def rows(m):
         m["mixture"]["sources"][0]["rows"] += 1
 
+    def window_setting(m):
+        m["mixture"]["window_packs"] *= 2
+
+    def tolerance(m):
+        m["mixture"]["tolerance_points"] = worst / 2
+
+    def samples(m):
+        m["mixture"]["sources"][2]["samples"] = m["mixture"]["sources"][2]["rows"] + 1
+
+    window = manifest["mixture"]["windows"]["window_packs"]
+    third = manifest["mixture"]["sources"][2]
     for change, message in (
+        (
+            window_setting,
+            f"mixture.window_packs is {2 * window} in the manifest but its windows count batches of ",
+        ),
+        (
+            tolerance,
+            f"mixture.tolerance_points is {worst / 2:g} in the manifest, but the packs in order hold a ",
+        ),
+        (
+            samples,
+            f"mixture.sources[2] ({third['name']}): samples is {third['rows'] + 1} in the manifest, "
+            "more than ",
+        ),
         (
             worst_points,
             f"mixture.windows.worst_points is {worst / 2:.10g} in the manifest, the packs in order give "

@@ -10,7 +10,9 @@ that counted it at pack time (`tightpack.offline.mixture_figures.packed_figures`
   weights; ``repetitions`` exactly where the packs hold every kept sample of the source
   (``samples_packed == samples``), else only as bounded by the packs (at most the measure packed
   over that of the distinct samples packed), and ``samples`` as at least ``samples_packed``;
-- ``windows`` and ``window_shares``, from the packs in the order a run reads them;
+- ``windows`` and ``window_shares``, from the packs in the order a run reads them; the settings they
+  must agree with: ``window_packs`` (the batches counted), ``tolerance_points`` (no full batch past
+  it), and every source's ``samples`` (at most its ``rows``);
 - ``counts.mixture_repeats``: the copies of repeated samples past the first.
 
 A sequence's source is told by its ``sample_index``: the inputs' source rows are consecutive, in input
@@ -117,10 +119,39 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
         _compare(
             report, f"mixture.windows.{key}", mixture["windows"].get(key), value, "the packs in order give"
         )
+    _check_settings(report, mixture, figures.windows, totals.rows)
     _compare_window_shares(report, mixture.get("window_shares"), figures.window_shares, len(sources))
     repeats = sum(entry["sequences"] - entry["samples_packed"] for entry in figures.sources)
     _compare(report, "counts.mixture_repeats", manifest.get("counts", {}).get("mixture_repeats"), repeats)
     return len(sources)
+
+
+def _check_settings(report: VerifyReport, mixture: dict, windows: dict, packs: int) -> None:
+    """The settings the counted batches must agree with: the batch size asked (``window_packs``, cut to
+    the packs there are) and the tolerance the run kept (no full batch past it)."""
+    asked = mixture.get("window_packs")
+    if isinstance(asked, int) and asked > 0 and min(asked, packs) != windows["window_packs"]:
+        report.add(
+            "mixture",
+            f"mixture.window_packs is {asked} in the manifest but its windows count batches of "
+            f"{windows['window_packs']} packs over {packs} packs {_CHANGED}",
+        )
+    tolerance = mixture.get("tolerance_points")
+    if _number(tolerance) and windows["worst_points"] > tolerance * (1 + 1e-9):
+        report.add(
+            "mixture",
+            f"mixture.tolerance_points is {tolerance:g} in the manifest, but the packs in order hold a "
+            f"global batch {windows['worst_points']:.4g} points off, which that run would have refused "
+            f"{_CHANGED}",
+        )
+    for s, source in enumerate(mixture.get("sources") or []):
+        samples, rows = source.get("samples"), source.get("rows")
+        if isinstance(samples, int) and isinstance(rows, int) and samples > rows:
+            report.add(
+                "mixture",
+                f"mixture.sources[{s}] ({source.get('name')}): samples is {samples} in the manifest, more "
+                f"than its {rows} rows {_CHANGED}",
+            )
 
 
 def _check_repetitions(report: VerifyReport, name: str, said: dict, packed: int, times: float) -> None:
