@@ -497,8 +497,8 @@ static int64_t items_of(const Region *g, Py_ssize_t b, Py_ssize_t K) {
     return items;
 }
 
-/* One exchange that makes batch `w` better (module comment); returns 0 when none does. */
-static int improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize_t *pack_scans, double *shift) {
+/* One exchange that makes batch `w` better (module comment); returns the other batch, -1 when none does. */
+static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize_t *pack_scans, double *shift) {
     const Py_ssize_t K = d->batch_packs;
     const int64_t items = items_of(g, w, K) + 1;
     const Py_ssize_t near = NEIGHBOURS < SCAN_BUDGET / items ? NEIGHBOURS : (SCAN_BUDGET / items > 4 ? SCAN_BUDGET / items : 4);
@@ -506,25 +506,29 @@ static int improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize_t *pac
     Exchange sample, pack;
     const int by_sample = sample_exchange(d, g, w, near, &sample, shift);
     if (by_sample && g->dev[w] - sample.value >= 0.5 * (g->dev[w] - aim)) { /* half the way: no pack scan */
+        const Py_ssize_t partner = batch_of(d, g, g->pack[sample.theirs]) - g->first_batch;
         exchange_samples(d, g, sample.mine, sample.theirs);
-        return 1;
+        return partner;
     }
     const int by_pack = *pack_scans > 0 && pack_exchange(d, g, w, *pack_scans, &pack, shift);
     if (by_pack) --*pack_scans;
     if (by_pack && (!by_sample || pack.value < sample.value)) {
+        const Py_ssize_t partner = batch_of(d, g, pack.theirs) - g->first_batch;
         exchange_packs(d, g, w, pack.mine, pack.theirs);
-        return 1;
+        return partner;
     }
     if (by_sample || (wide > near && sample_exchange(d, g, w, wide, &sample, shift))) {
+        const Py_ssize_t partner = batch_of(d, g, g->pack[sample.theirs]) - g->first_batch;
         exchange_samples(d, g, sample.mine, sample.theirs);
-        return 1;
+        return partner;
     }
-    return 0;
+    return -1;
 }
 
 /* Step 2: returns the exchanges made. Each round works on the worst full batch; when no exchange
- * makes it better, on the next worst above the aim, and so on (an exchange elsewhere may open one for
- * the worst); it stops when none of them can be made better. */
+ * makes it better, on the next worst above the aim, and so on; it stops when none of them can be made
+ * better. A batch no exchange could make better is tried again only once an exchange changes it (so
+ * batches that cannot be fixed cost one scan each, not one per exchange elsewhere). */
 static Py_ssize_t exchange(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift) {
     const Py_ssize_t K = d->batch_packs;
     Py_ssize_t pack_scans = 8 * g->batches; /* a pack exchange scans the region: at most 8 per batch */
@@ -536,9 +540,10 @@ static Py_ssize_t exchange(Deal *d, Region *g, Py_ssize_t rounds, double aim, do
         for (Py_ssize_t b = 0; b < g->batches; b++)
             if (g->capacity[b] == K && !tried[b] && g->dev[b] > aim && (w < 0 || g->dev[b] > g->dev[w])) w = b;
         if (w < 0) break; /* every batch within the aim, or none that single exchanges make better */
-        if (improve(d, g, w, aim, &pack_scans, shift)) {
+        const Py_ssize_t partner = improve(d, g, w, aim, &pack_scans, shift);
+        if (partner >= 0) {
             made++;
-            memset(tried, 0, (size_t)g->batches);
+            tried[partner] = 0;
         } else {
             tried[w] = 1;
         }

@@ -276,9 +276,24 @@ def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> Mixtur
     return MixtureWindowError(
         f"global batch {windows.first_pack // windows.window} (packs {windows.first_pack}-"
         f"{windows.first_pack + windows.window - 1}) holds {achieved:.1%} of {name} against a target of "
-        f"{targets[windows.source]:.1%}, {windows.points:.4g} points off (tolerance {tolerance:g}): a "
+        f"{targets[windows.source]:.1%}, {_beyond(windows.points, tolerance)} points off (tolerance "
+        f"{tolerance:g}): a "
         "larger global batch, a larger pack size or less unequal samples per source bring batches closer"
     )
+
+
+def _beyond(points: float, tolerance: float) -> str:
+    """``points`` (past ``tolerance``) to as many digits as show it past: 13.553 against a tolerance of
+    13.55, not 13.55.
+
+    >>> _beyond(13.5525006, 13.55), _beyond(13.5525006, 13.5525), _beyond(2.5, 2.0)
+    ('13.553', '13.553', '2.5')
+    """
+    for digits in range(4, 18):
+        shown = f"{points:.{digits}g}"
+        if float(shown) > tolerance:
+            return shown
+    return repr(points)
 
 
 def window_deviation(composition: np.ndarray, targets: np.ndarray, window: int) -> WindowDeviation:
