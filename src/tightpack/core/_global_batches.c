@@ -270,6 +270,24 @@ typedef struct {
     int64_t mine, theirs; /* items (sample exchange) or packs (pack exchange) */
 } Exchange;
 
+/* The next sample nearest item `i`'s length `li` (the nearer of the next longer, `*up`, and the next
+ * shorter, `*down`); -1 for a longer one past `longest` (it would overfill the pack of `i`), after
+ * which no longer one is looked at. */
+static int64_t next_nearest(const Region *g, int64_t *up, int64_t *down, int64_t li, int64_t longest) {
+    if (*up < g->items && (*down < 0 || g->length[*up] - li <= li - g->length[*down])) {
+        const int64_t j = (*up)++;
+        if (g->length[j] <= longest) return j;
+        *up = g->items;
+        return -1;
+    }
+    return (*down)--;
+}
+
+/* 1 when item `j`'s pack has room for a sample of `li` tokens in place of `j`. */
+static int room_for(const Deal *d, const Region *g, int64_t j, int64_t li) {
+    return li <= g->length[j] + d->pack_size - g->used[g->pack[j]];
+}
+
 /* The best sample exchange for the worst batch `w` into `best`; returns 0 when none makes it better. */
 static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssize_t neighbours, Exchange *best,
                            double *shift) {
@@ -285,20 +303,10 @@ static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssiz
             const int64_t i = g->held[e], li = g->length[i];
             int64_t up = i + 1, down = i - 1;
             for (Py_ssize_t looked = 0; looked < neighbours && (up < g->items || down >= 0); looked++) {
-                /* the nearer in length of the next longer and the next shorter */
-                int64_t j;
-                if (up < g->items && (down < 0 || g->length[up] - li <= li - g->length[down])) {
-                    j = up++;
-                    if (g->length[j] > li + free_a) { /* longer ones do not fit pack a either */
-                        up = g->items;
-                        continue;
-                    }
-                } else {
-                    j = down--;
-                }
-                const int64_t b = g->pack[j];
-                const int64_t bb = batch_of(d, g, b) - g->first_batch;
-                if (bb == w || g->sample[j] == g->sample[i] || li > g->length[j] + d->pack_size - g->used[b]) continue;
+                const int64_t j = next_nearest(g, &up, &down, li, li + free_a);
+                if (j < 0) continue;
+                const int64_t bb = batch_of(d, g, g->pack[j]) - g->first_batch;
+                if (bb == w || g->sample[j] == g->sample[i] || !room_for(d, g, j, li)) continue;
                 const Py_ssize_t from = g->source[i], to = g->source[j];
                 const double out = g->measure[i], in = g->measure[j];
                 if (exchange_strays(g->sums + w * S, total_w, d->targets, S, from, out, to, in, first, bar)) continue;
@@ -426,19 +434,10 @@ static void part_samples(Deal *d, Region *g, double aim, double *shift) {
             int64_t up = i + 1, down = i - 1;
             for (Py_ssize_t looked = 0; looked < PART_NEIGHBOURS && (up < g->items || down >= 0) && chosen < 0;
                  looked++) {
-                int64_t j;
-                if (up < g->items && (down < 0 || g->length[up] - li <= li - g->length[down])) {
-                    j = up++;
-                    if (g->length[j] > li + free_a) {
-                        up = g->items;
-                        continue;
-                    }
-                } else {
-                    j = down--;
-                }
-                const int64_t b = g->pack[j], bj = batch_of(d, g, b);
-                if (bj == bi || g->source[j] != g->source[i] || g->sample[j] == g->sample[i] ||
-                    li > g->length[j] + d->pack_size - g->used[b])
+                const int64_t j = next_nearest(g, &up, &down, li, li + free_a);
+                if (j < 0) continue;
+                const int64_t bj = batch_of(d, g, g->pack[j]);
+                if (bj == bi || g->source[j] != g->source[i] || g->sample[j] == g->sample[i] || !room_for(d, g, j, li))
                     continue;
                 if (same_measure ? g->measure[j] != g->measure[i] : g->measure[j] == g->measure[i]) continue;
                 if (!same_measure) {
