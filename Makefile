@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
-SOURCES := pyproject.toml setup.py constraints.txt src/tightpack/core/_firstfit.c src/tightpack/core/_global_batches.c
+SOURCES := pyproject.toml setup.py constraints.txt $(wildcard src/tightpack/core/*.c src/tightpack/core/*.h)
 
 .PHONY: demo test test-oldest fuzz lint bench docs clean
 

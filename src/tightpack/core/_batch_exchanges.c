@@ -1,0 +1,349 @@
+/* Step 2 of the global-batch deal (_global_batches.c's opening comment): copies of a sample parted
+ * (`part_copies`, `part_samples`) and the exchanges that bring the worst batches to the aim
+ * (`exchange_rounds`, one exchange a round by `improve`). */
+#include "_global_batches.h"
+
+/* Samples nearest in length looked at per sample of the worst batch; measured on the benchmark's
+ * mixture: 8 or 16 need more exchanges at 8k and take longer in all, 32 reaches the same batches. */
+#define NEIGHBOURS 32
+#define WIDE 1024 /* ... when neither those nor a pack exchange help */
+/* Candidates one scan looks at, at most: a batch of many small samples looks at fewer neighbours of
+ * each (no fewer than 4). */
+#define SCAN_BUDGET (1 << 16)
+#define WIDE_BUDGET (1 << 18)
+#define PACK_CANDIDATES 1024 /* packs a pack exchange looks at as partners */
+#define PART_NEIGHBOURS 4096 /* samples nearest in length looked at to part a sample from its copy */
+
+/* 1 when `sums` + `shift` strays `bar` or further from a target in some source: no division, and it
+ * stops at the first such source (most candidates of an exchange fail at once). */
+static int strays(const double *sums, const double *shift, const double *targets, Py_ssize_t sources, double bar) {
+    double total = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) total += sums[s] + shift[s];
+    if (total <= 0.0) return 0;
+    const double limit = bar * total;
+    for (Py_ssize_t s = 0; s < sources; s++)
+        if (fabs(sums[s] + shift[s] - targets[s] * total) >= limit) return 1;
+    return 0;
+}
+
+/* `strays` for a sample exchange: `sums` (holding `total`) less measure `out` of source `from`, plus
+ * `in` of source `to`; the source `first` checked first (the one furthest off: most candidates fail
+ * there). */
+static int exchange_strays(const double *sums, double total, const double *targets, Py_ssize_t sources,
+                           Py_ssize_t from, double out, Py_ssize_t to, double in, Py_ssize_t first, double bar) {
+    total += in - out;
+    if (total <= 0.0) return 0;
+    const double limit = bar * total;
+    for (Py_ssize_t k = -1; k < sources; k++) {
+        const Py_ssize_t s = k < 0 ? first : k;
+        if (k == first) continue;
+        const double x = sums[s] + (s == to ? in : 0.0) - (s == from ? out : 0.0) - targets[s] * total;
+        if (fabs(x) >= limit) return 1;
+    }
+    return 0;
+}
+
+/* The source of `sums` furthest from its target share, and their total. */
+static Py_ssize_t furthest(const double *sums, const double *targets, Py_ssize_t sources, double *total) {
+    *total = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) *total += sums[s];
+    Py_ssize_t worst = 0;
+    for (Py_ssize_t s = 1; s < sources; s++)
+        if (fabs(sums[s] - targets[s] * *total) > fabs(sums[worst] - targets[worst] * *total)) worst = s;
+    return worst;
+}
+
+/* 1 when item `i`'s sample has a copy other than `skip` in a pack of batch `b`. */
+static int copy_in_batch(const Deal *d, const Region *g, int64_t i, int64_t b, int64_t skip) {
+    for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+        const int64_t o = g->copies[k];
+        if (o != i && o != skip && batch_of(d, g, g->pack[o]) == b) return 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    double value;
+    int64_t mine, theirs; /* items (sample exchange) or packs (pack exchange) */
+} Exchange;
+
+/* The next sample nearest item `i`'s length `li` (the nearer of the next longer, `*up`, and the next
+ * shorter, `*down`); -1 for a longer one past `longest` (it would overfill the pack of `i`), after
+ * which no longer one is looked at. */
+static int64_t next_nearest(const Region *g, int64_t *up, int64_t *down, int64_t li, int64_t longest) {
+    if (*up < g->items && (*down < 0 || g->length[*up] - li <= li - g->length[*down])) {
+        const int64_t j = (*up)++;
+        if (g->length[j] <= longest) return j;
+        *up = g->items;
+        return -1;
+    }
+    return (*down)--;
+}
+
+/* 1 when item `j`'s pack has room for a sample of `li` tokens in place of `j`. */
+static int room_for(const Deal *d, const Region *g, int64_t j, int64_t li) {
+    return li <= g->length[j] + d->pack_size - g->used[g->pack[j]];
+}
+
+/* The best sample exchange for the worst batch `w` into `best`; returns 0 when none makes it better. */
+static int sample_exchange(const Deal *d, const Region *g, Py_ssize_t w, Py_ssize_t neighbours, Exchange *best,
+                           double *shift) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    const int64_t bw = g->first_batch + w;
+    int found = 0;
+    double bar = g->dev[w], total_w;
+    const Py_ssize_t first = furthest(g->sums + w * S, d->targets, S, &total_w);
+    for (Py_ssize_t m = 0; m < g->count[w]; m++) {
+        const int64_t a = g->members[w * K + m];
+        const int64_t free_a = d->pack_size - g->used[a];
+        for (int64_t e = g->held_from[a]; e < g->held_from[a + 1]; e++) {
+            const int64_t i = g->held[e], li = g->length[i];
+            int64_t up = i + 1, down = i - 1;
+            for (Py_ssize_t looked = 0; looked < neighbours && (up < g->items || down >= 0); looked++) {
+                const int64_t j = next_nearest(g, &up, &down, li, li + free_a);
+                if (j < 0) continue;
+                const int64_t bb = batch_of(d, g, g->pack[j]) - g->first_batch;
+                if (bb == w || g->sample[j] == g->sample[i] || !room_for(d, g, j, li)) continue;
+                const Py_ssize_t from = g->source[i], to = g->source[j];
+                const double out = g->measure[i], in = g->measure[j];
+                if (exchange_strays(g->sums + w * S, total_w, d->targets, S, from, out, to, in, first, bar)) continue;
+                for (Py_ssize_t s = 0; s < S; s++) shift[s] = 0.0;
+                shift[to] += in;
+                shift[from] -= out;
+                double value = deviation(g->sums + w * S, shift, d->targets, S);
+                if (value >= bar) continue; /* `strays` and the exact figure may differ in the last bit */
+                const int full = g->capacity[bb] == K;
+                const double limit = full ? bar : fmax(bar, g->dev[bb]); /* a partial batch: no worse */
+                double total_b;
+                const Py_ssize_t first_b = furthest(g->sums + bb * S, d->targets, S, &total_b);
+                if (exchange_strays(g->sums + bb * S, total_b, d->targets, S, to, in, from, out, first_b, limit))
+                    continue;
+                for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+                const double new_b = deviation(g->sums + bb * S, shift, d->targets, S);
+                if (new_b >= limit) continue;
+                if (full && new_b > value) value = new_b;
+                if (copy_in_batch(d, g, j, bw, -1) || copy_in_batch(d, g, i, g->first_batch + bb, -1)) continue;
+                bar = value;
+                *best = (Exchange){value, i, j};
+                found = 1;
+            }
+        }
+    }
+    return found;
+}
+
+/* The best pack exchange for the worst batch `w` into `best`, its partner among about PACK_CANDIDATES
+ * packs of the region (another set for another `offset`); returns 0 when none makes it better. */
+static int pack_exchange(const Deal *d, const Region *g, Py_ssize_t w, int64_t offset, Exchange *best,
+                         double *shift) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    int found = 0;
+    double bar = g->dev[w];
+    /* every stride-th pack of the region from `offset`: about PACK_CANDIDATES of them */
+    const int64_t stride = g->packs > PACK_CANDIDATES ? g->packs / PACK_CANDIDATES : 1;
+    for (int64_t q = offset % stride; q < g->packs; q += stride) {
+        const int64_t bq = batch_of(d, g, q) - g->first_batch;
+        if (bq == w) continue;
+        const double *cq = row(d, g, q);
+        for (Py_ssize_t m = 0; m < K; m++) {
+            const int64_t p = g->members[w * K + m];
+            const double *cp = row(d, g, p);
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = cq[s] - cp[s];
+            if (strays(g->sums + w * S, shift, d->targets, S, bar)) continue;
+            double value = deviation(g->sums + w * S, shift, d->targets, S);
+            if (value >= bar) continue;
+            const int full = g->capacity[bq] == K;
+            const double limit = full ? bar : fmax(bar, g->dev[bq]); /* a partial batch: no worse */
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+            if (strays(g->sums + bq * S, shift, d->targets, S, limit)) continue;
+            const double new_b = deviation(g->sums + bq * S, shift, d->targets, S);
+            if (new_b >= limit) continue;
+            if (full && new_b > value) value = new_b;
+            if (pack_meets_copy(d, g, p, g->first_batch + bq, q) || pack_meets_copy(d, g, q, g->first_batch + w, p))
+                continue;
+            bar = value;
+            *best = (Exchange){value, p, q};
+            found = 1;
+        }
+    }
+    return found;
+}
+
+static void move_measure(Deal *d, Region *g, int64_t pack, Py_ssize_t s, double amount) {
+    const int64_t b = batch_of(d, g, pack) - g->first_batch;
+    d->composition[(g->first + pack) * d->sources + s] += amount;
+    g->sums[b * d->sources + s] += amount;
+}
+
+/* Items i and j trade packs. */
+static void exchange_samples(Deal *d, Region *g, int64_t i, int64_t j) {
+    const int64_t a = g->pack[i], b = g->pack[j];
+    move_measure(d, g, a, g->source[i], -g->measure[i]);
+    move_measure(d, g, a, g->source[j], g->measure[j]);
+    move_measure(d, g, b, g->source[j], -g->measure[j]);
+    move_measure(d, g, b, g->source[i], g->measure[i]);
+    g->used[a] += g->length[j] - g->length[i];
+    g->used[b] += g->length[i] - g->length[j];
+    g->pack[i] = b;
+    g->pack[j] = a;
+    g->held[g->place[i]] = j;
+    g->held[g->place[j]] = i;
+    const int64_t place = g->place[i];
+    g->place[i] = g->place[j];
+    g->place[j] = place;
+    const int64_t ba = batch_of(d, g, a) - g->first_batch, bb = batch_of(d, g, b) - g->first_batch;
+    g->dev[ba] = deviation(g->sums + ba * d->sources, NULL, d->targets, d->sources);
+    g->dev[bb] = deviation(g->sums + bb * d->sources, NULL, d->targets, d->sources);
+}
+
+/* Packs p (of batch w) and q trade batches. */
+static void exchange_packs(Deal *d, Region *g, Py_ssize_t w, int64_t p, int64_t q) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    const int64_t bq = batch_of(d, g, q) - g->first_batch;
+    for (Py_ssize_t m = 0; m < g->count[w]; m++)
+        if (g->members[w * K + m] == p) g->members[w * K + m] = q;
+    for (Py_ssize_t m = 0; m < g->count[bq]; m++)
+        if (g->members[bq * K + m] == q) g->members[bq * K + m] = p;
+    d->batch[g->first + p] = g->first_batch + bq;
+    d->batch[g->first + q] = g->first_batch + w;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        const double delta = row(d, g, q)[s] - row(d, g, p)[s];
+        g->sums[w * S + s] += delta;
+        g->sums[bq * S + s] -= delta;
+    }
+    g->dev[w] = deviation(g->sums + w * S, NULL, d->targets, S);
+    g->dev[bq] = deviation(g->sums + bq * S, NULL, d->targets, S);
+}
+
+/* Samples still beside a copy of themselves in their batch (where the greedy had to put a pack with a
+ * copy and no pack exchange parted them), each exchanged with a sample of the same source and about
+ * its length in another batch (both packs within the pack size) that holds no copy of it and whose
+ * own sample has none in this batch: one of the same measure when there is one (the shares do not
+ * move), else one that leaves neither batch further off than it was or than `aim`. */
+void part_samples(Deal *d, Region *g, double aim, double *shift) {
+    const Py_ssize_t S = d->sources;
+    for (int64_t i = 0; i < g->items; i++) {
+        const int64_t bi = batch_of(d, g, g->pack[i]);
+        if (!copy_in_batch(d, g, i, bi, -1)) continue;
+        const int64_t a = g->pack[i], free_a = d->pack_size - g->used[a], li = g->length[i];
+        int64_t chosen = -1;
+        for (int same_measure = 1; same_measure >= 0 && chosen < 0; same_measure--) {
+            int64_t up = i + 1, down = i - 1;
+            for (Py_ssize_t looked = 0; looked < PART_NEIGHBOURS && (up < g->items || down >= 0) && chosen < 0;
+                 looked++) {
+                const int64_t j = next_nearest(g, &up, &down, li, li + free_a);
+                if (j < 0) continue;
+                const int64_t bj = batch_of(d, g, g->pack[j]);
+                if (bj == bi || g->source[j] != g->source[i] || g->sample[j] == g->sample[i] || !room_for(d, g, j, li))
+                    continue;
+                if (same_measure ? g->measure[j] != g->measure[i] : g->measure[j] == g->measure[i]) continue;
+                if (!same_measure) {
+                    const Py_ssize_t s = g->source[i], ri = bi - g->first_batch, rj = bj - g->first_batch;
+                    for (Py_ssize_t k = 0; k < S; k++) shift[k] = 0.0;
+                    shift[s] = g->measure[j] - g->measure[i];
+                    if (deviation(g->sums + ri * S, shift, d->targets, S) > fmax(g->dev[ri], aim)) continue;
+                    shift[s] = -shift[s];
+                    if (deviation(g->sums + rj * S, shift, d->targets, S) > fmax(g->dev[rj], aim)) continue;
+                }
+                if (copy_in_batch(d, g, j, bi, -1) || copy_in_batch(d, g, i, bj, -1)) continue;
+                chosen = j;
+            }
+        }
+        if (chosen >= 0) exchange_samples(d, g, i, chosen);
+    }
+}
+
+/* Packs the greedy put with a copy of one of their samples, each exchanged with the pack of another
+ * batch that leaves neither batch holding a sample twice and the larger deviation of the two smallest
+ * (none: it stays). */
+void part_copies(Deal *d, Region *g, double *shift) {
+    const Py_ssize_t S = d->sources, K = d->batch_packs;
+    for (int64_t p = 0; p < g->packs; p++) {
+        const int64_t bp = batch_of(d, g, p) - g->first_batch;
+        if (!pack_meets_copy(d, g, p, g->first_batch + bp, -1)) continue;
+        double best = INFINITY;
+        int64_t partner = -1;
+        for (int64_t q = 0; q < g->packs; q++) {
+            const int64_t bq = batch_of(d, g, q) - g->first_batch;
+            if (bq == bp) continue;
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = row(d, g, q)[s] - row(d, g, p)[s];
+            double value = g->capacity[bp] == K ? deviation(g->sums + bp * S, shift, d->targets, S) : 0.0;
+            if (value >= best) continue;
+            for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
+            const double other = g->capacity[bq] == K ? deviation(g->sums + bq * S, shift, d->targets, S) : 0.0;
+            if (other > value) value = other;
+            if (value >= best) continue;
+            if (pack_meets_copy(d, g, p, g->first_batch + bq, q) || pack_meets_copy(d, g, q, g->first_batch + bp, p))
+                continue;
+            best = value;
+            partner = q;
+        }
+        if (partner >= 0) exchange_packs(d, g, bp, p, partner);
+    }
+}
+
+/* The samples of batch `b`'s packs. */
+static int64_t items_of(const Region *g, Py_ssize_t b, Py_ssize_t K) {
+    int64_t items = 0;
+    for (Py_ssize_t m = 0; m < g->count[b]; m++) {
+        const int64_t p = g->members[b * K + m];
+        items += g->held_from[p + 1] - g->held_from[p];
+    }
+    return items;
+}
+
+/* One exchange that makes batch `w` better (_global_batches.c's opening comment): the best sample
+ * exchange among the nearest in length; when there is none, the best pack exchange; when there is
+ * none either, the best sample exchange among the WIDE nearest. Returns the other batch, -1 when no
+ * exchange makes `w` better. */
+static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, Py_ssize_t *pack_scans, double *shift) {
+    const Py_ssize_t K = d->batch_packs;
+    const int64_t items = items_of(g, w, K) + 1;
+    const Py_ssize_t near = NEIGHBOURS < SCAN_BUDGET / items ? NEIGHBOURS : (SCAN_BUDGET / items > 4 ? SCAN_BUDGET / items : 4);
+    const Py_ssize_t wide = WIDE < WIDE_BUDGET / items ? WIDE : (WIDE_BUDGET / items > near ? WIDE_BUDGET / items : near);
+    Exchange best;
+    if (sample_exchange(d, g, w, near, &best, shift)) {
+        const Py_ssize_t partner = batch_of(d, g, g->pack[best.theirs]) - g->first_batch;
+        exchange_samples(d, g, best.mine, best.theirs);
+        return partner;
+    }
+    if (*pack_scans > 0 && pack_exchange(d, g, w, *pack_scans, &best, shift)) {
+        --*pack_scans;
+        const Py_ssize_t partner = batch_of(d, g, best.theirs) - g->first_batch;
+        exchange_packs(d, g, w, best.mine, best.theirs);
+        return partner;
+    }
+    if (wide > near && sample_exchange(d, g, w, wide, &best, shift)) {
+        const Py_ssize_t partner = batch_of(d, g, g->pack[best.theirs]) - g->first_batch;
+        exchange_samples(d, g, best.mine, best.theirs);
+        return partner;
+    }
+    return -1;
+}
+
+/* Step 2: returns the exchanges made. Each round works on the worst full batch; when no exchange
+ * makes it better, on the next worst above the aim, and so on; it stops when none of them can be made
+ * better. A batch no exchange could make better is tried again only once an exchange changes it (so
+ * batches that cannot be fixed cost one scan each, not one per exchange elsewhere). */
+Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift) {
+    const Py_ssize_t K = d->batch_packs;
+    Py_ssize_t pack_scans = 8 * g->batches; /* pack exchanges: at most 8 per batch of the region */
+    char *tried = calloc((size_t)g->batches, 1);
+    if (tried == NULL) return 0; /* out of memory: the deal as the greedy left it */
+    Py_ssize_t made = 0;
+    while (made < rounds) {
+        Py_ssize_t w = -1;
+        for (Py_ssize_t b = 0; b < g->batches; b++)
+            if (g->capacity[b] == K && !tried[b] && g->dev[b] > aim && (w < 0 || g->dev[b] > g->dev[w])) w = b;
+        if (w < 0) break; /* every batch within the aim, or none that single exchanges make better */
+        const Py_ssize_t partner = improve(d, g, w, &pack_scans, shift);
+        if (partner >= 0) {
+            made++;
+            tried[partner] = 0;
+        } else {
+            tried[w] = 1;
+        }
+    }
+    free(tried);
+    return made;
+}

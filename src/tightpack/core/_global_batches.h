@@ -1,0 +1,80 @@
+/* What the two halves of the global-batch deal share: the deal and a region's state, and the helpers
+ * both use. _global_batches.c sets a region up, deals its packs (step 1) and orders each batch (step 3);
+ * _batch_exchanges.c parts copies and makes the exchanges (step 2). The rule is in
+ * tightpack/core/global_batches.py; how it runs, in _global_batches.c's opening comment. */
+#ifndef TIGHTPACK_GLOBAL_BATCHES_H
+#define TIGHTPACK_GLOBAL_BATCHES_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    Py_ssize_t sources, batch_packs;
+    int64_t pack_size;
+    const double *targets; /* [sources] */
+    double *composition;   /* [packs * sources] */
+    int64_t *batch;        /* [packs]: -1 before it is dealt */
+} Deal;
+
+/* One region: its packs [first, stop) and batches [first_batch, first_batch + batches); its items
+ * (copies of samples) sorted by length. Packs and items are numbered within the region. */
+typedef struct {
+    Py_ssize_t first, stop, packs, batches, items;
+    int64_t first_batch;
+    /* items, shortest first: fixed */
+    int64_t *length, *sample, *source, *copies_from, *copies_to; /* copies: a range of `copies` */
+    double *measure;
+    int64_t *copies; /* every item's copies (items of the same sample), grouped by sample */
+    /* items: mutable */
+    int64_t *pack; /* the pack an item is in */
+    int64_t *place; /* its place in `held` */
+    /* packs */
+    int64_t *held_from; /* [packs + 1]: the range of `held` listing a pack's items */
+    int64_t *held;      /* the items of each pack (mutable) */
+    int64_t *used;      /* tokens */
+    /* batches */
+    double *sums, *dev;
+    Py_ssize_t *count, *capacity, *members; /* members: [batches * batch_packs] packs */
+} Region;
+
+static inline int64_t batch_of(const Deal *d, const Region *g, int64_t pack) { return d->batch[g->first + pack]; }
+
+static inline const double *row(const Deal *d, const Region *g, int64_t pack) {
+    return d->composition + (g->first + pack) * d->sources;
+}
+
+/* 1 when a sample of pack `p` has a copy in a pack other than `p` and `skip` of batch `b`. */
+static inline int pack_meets_copy(const Deal *d, const Region *g, int64_t p, int64_t b, int64_t skip) {
+    for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++) {
+        const int64_t i = g->held[e];
+        for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+            const int64_t q = g->pack[g->copies[k]];
+            if (q != p && q != skip && batch_of(d, g, q) == b) return 1;
+        }
+    }
+    return 0;
+}
+
+/* The largest |share - target| of `sums` + `shift` (shift may be NULL); 0 when they hold nothing. */
+static inline double deviation(const double *sums, const double *shift, const double *targets, Py_ssize_t sources) {
+    double total = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) total += sums[s] + (shift ? shift[s] : 0.0);
+    if (total <= 0.0) return 0.0;
+    double worst = 0.0;
+    for (Py_ssize_t s = 0; s < sources; s++) {
+        const double x = fabs((sums[s] + (shift ? shift[s] : 0.0)) / total - targets[s]);
+        if (x > worst) worst = x;
+    }
+    return worst;
+}
+
+/* Step 2 (_batch_exchanges.c). Each returns early, leaving the deal as it stands, when out of memory. */
+void part_copies(Deal *d, Region *g, double *shift);
+void part_samples(Deal *d, Region *g, double aim, double *shift);
+Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift);
+
+#endif
