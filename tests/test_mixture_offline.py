@@ -247,6 +247,15 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
         (("--weights", "1,1,1", "--mix-tokens", "lots"), "error: --mix-tokens 'lots'"),
         (("--mix-window", "3"), "error: --mix-window sets the mixture of --weights"),
         (("--weights", "1,1,1", "--mix-tokens", "1,000,000,000"), "error: the mixture of 1,000,000,000"),
+        # the default algorithm named outright is refused as any other: the mixture would not use it
+        (
+            ("--weights", "1,1,1", "--algorithm", "bfd"),
+            "error: a mixture (--weights) cannot take --algorithm:",
+        ),
+        (
+            ("--weights", "1,1,1", "--algorithm", "ffd"),
+            "error: a mixture (--weights) cannot take --algorithm:",
+        ),
     ):
         code, out, err = tightpack("pack", *inputs, "-o", "bad", "--pack-size", "1024", *args)
         assert code == 2, (args, out, err)
@@ -411,17 +420,30 @@ def test_changed_windows_shares_and_counts_fail_naming_the_field(mixed, tmp_path
     def rows(m):
         m["mixture"]["sources"][0]["rows"] += 1
 
-    def window_setting(m):
+    def window_setting(m):  # the run's settings changed alike: only the count of the windows tells
         m["mixture"]["window_packs"] *= 2
+        m["settings"]["mixture"]["window_packs"] *= 2
 
     def tolerance(m):
-        m["mixture"]["tolerance_points"] = worst / 2
+        m["mixture"]["tolerance_points"] = m["settings"]["mixture"]["tolerance"] = worst / 2
+
+    def text_tolerance(m):
+        m["mixture"]["tolerance_points"] = m["settings"]["mixture"]["tolerance"] = "2"
+
+    def cap(m):  # below the long rows' three repetitions, above two copies (the coverage check's bound)
+        m["mixture"]["max_repetitions"] = m["settings"]["mixture"]["max_repetitions"] = 2.5
+
+    def setting(m):
+        m["settings"]["mixture"]["mix_by"] = "tokens"
+
+    def weights(m):
+        m["settings"]["mixture"]["weights"][0] = 4
 
     def samples(m):
         m["mixture"]["sources"][2]["samples"] = m["mixture"]["sources"][2]["rows"] + 1
 
     window = manifest["mixture"]["windows"]["window_packs"]
-    third = manifest["mixture"]["sources"][2]
+    long, third = manifest["mixture"]["sources"][1], manifest["mixture"]["sources"][2]
     for change, message in (
         (
             window_setting,
@@ -435,6 +457,22 @@ def test_changed_windows_shares_and_counts_fail_naming_the_field(mixed, tmp_path
             samples,
             f"mixture.sources[2] ({third['name']}): samples is {third['rows'] + 1} in the manifest, "
             "more than ",
+        ),
+        (text_tolerance, "mixture.tolerance_points is '2' in the manifest, not a number of points"),
+        (
+            cap,
+            f"mixture.sources[1] ({long['name']}): repetitions is {long['repetitions']:.10g}, past the "
+            "max_repetitions of 2.5 in the manifest",
+        ),
+        (
+            setting,
+            "the mixture section disagrees with settings.mixture in the manifest: mix_by "
+            "'supervised-tokens' against 'tokens' ",
+        ),
+        (
+            weights,
+            "the mixture section disagrees with settings.mixture in the manifest: weights [5, 3, 2] "
+            "against [4, 3, 2] ",
         ),
         (
             worst_points,

@@ -373,8 +373,26 @@ def test_mixture_figure_draws_a_partial_last_batch_as_partial():
     ]
     assert "a step per global batch of 8 packs" in axes.get_xlabel()
     assert axes.get_title() == (
-        "out: mixture by tokens: worst global batch of 8 packs: 12.50 points off (batch 1, packs 8-15)"
+        "out\nmixture by tokens: worst global batch of 8 packs: 12.50 points off (batch 1, packs 8-15)"
     )
+
+
+def test_mixture_figure_title_of_a_long_path_stays_inside_the_figure():
+    """A deep output folder and a partial last batch make a title wider than the axes: it is wrapped,
+    every character of it drawn inside the image (not clipped at the left edge)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = "/data/runs/" + "/".join(["a-rather-long-folder-name"] * 6) + "/mixed"
+    section = mixture_section([[0.6, 0.4], [0.5, 0.5], [1.0, 0.0]])
+    section["windows"]["last_batch_packs"] = 3
+    figure = mixture_figure(section, packs=19, path=path)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    title = axes_by_label(figure)["mixture"].title
+    extent, inside = title.get_window_extent(canvas.get_renderer()), figure.bbox
+    assert inside.x0 <= extent.x0 and extent.x1 <= inside.x1, (extent, inside)
+    assert title.get_text().replace("\n", "").startswith(path)
+    assert "last batch (3 of 8 packs) 40.00 points off" in title.get_text().replace("\n", " ")
 
 
 def test_mixture_figure_of_whole_batches_has_no_partial_one():

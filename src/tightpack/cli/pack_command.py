@@ -30,6 +30,7 @@ from tightpack.cli.app import (
 from tightpack.cli.pack_summary import next_steps, print_summary
 from tightpack.errors import TightpackError
 from tightpack.offline import pipeline
+from tightpack.offline.config import mixture_refusal
 
 
 def _default_workers() -> int:
@@ -74,7 +75,10 @@ def pack(
     messages_key: options.MessagesKey = "messages",
     tools_key: options.ToolsKey = "tools",
     prompt_template: options.PromptTemplate = None,
-    algorithm: options.AlgorithmOption = Algorithm.bfd,
+    algorithm: Annotated[
+        Algorithm | None,
+        typer.Option(help="Packing algorithm (default bfd); a mixture (--weights) packs in its own order."),
+    ] = None,
     balance_costs: Annotated[
         str | None,
         typer.Option(
@@ -162,6 +166,8 @@ def pack(
             raise TightpackError(
                 "--pack-size is required when inputs are given (the model's sequence length)"
             )
+    if algorithm is not None and weights is not None:  # even bfd: the mixture would not use it
+        raise mixture_refusal("algorithm")
     output = output or DEMO_OUTPUT
     config = pipeline.PackConfig(
         packed_sequence_size=DEMO_PACK_SIZE if pack_size is None else pack_size,
@@ -170,7 +176,7 @@ def pack(
         tp=tp,
         cp=cp,
         sp=sp,
-        algorithm=algorithm.value,
+        algorithm=(algorithm or Algorithm.bfd).value,
         seed=seed,
         balance_costs=balance_costs,
         long_samples=long_samples.value,

@@ -21,6 +21,27 @@ OutputFormat = Literal["parquet", "npy"]
 Engine = Literal["local", "ray"]
 
 
+_MIXTURE_REFUSES = {
+    "engine='ray'": "the mixture needs each sample's input, which the local engine keeps",
+    "balance_costs": "moving sequences between packs would undo the windows",
+    "algorithm": "the mixture packs in its own order (chunks of the interleaved stream, packed apart)",
+    "format": "mixtures of preference units are not supported yet",
+}
+
+
+def mixture_refusal(name: str) -> TightpackError:
+    """The error of a setting a mixture run cannot take (``name``: a key of `_MIXTURE_REFUSES`).
+
+    >>> print(mixture_refusal("balance_costs"))  # doctest: +NORMALIZE_WHITESPACE
+    a mixture (weights) cannot take balance_costs: moving sequences between packs would undo the
+    windows; drop balance_costs or the weights
+    """
+    return TightpackError(
+        f"a mixture (weights) cannot take {name}: {_MIXTURE_REFUSES[name]}; drop {name} or the weights",
+        parameters=(name, "weights"),
+    )
+
+
 @dataclass(kw_only=True)
 class PackConfig:
     """Settings of an offline packing run (Megatron-Bridge names where the concept is the same).
@@ -183,29 +204,17 @@ class PackConfig:
             self._check_mixture()
 
     def _check_mixture(self) -> None:
-        """What a mixture run cannot take, each refused with why."""
+        """What a mixture run cannot take, each refused with why (`mixture_refusal`)."""
         self.mixture.validate()
-        refused = {
-            "engine='ray'": (
-                self.engine != "local",
-                "the mixture needs each sample's input, which the local engine keeps",
-            ),
-            "balance_costs": (
-                self.balance_costs is not None,
-                "moving sequences between packs would undo the windows",
-            ),
-            "algorithm": (
-                self.algorithm != "bfd",
-                "the mixture packs in its own order (chunks of the interleaved stream, packed apart)",
-            ),
-            "format": (self.packs_units, "mixtures of preference units are not supported yet"),
+        given = {
+            "engine='ray'": self.engine != "local",
+            "balance_costs": self.balance_costs is not None,
+            "algorithm": self.algorithm != "bfd",
+            "format": self.packs_units,
         }
-        for name, (given, why) in refused.items():
-            if given:
-                raise TightpackError(
-                    f"a mixture (weights) cannot take {name}: {why}; drop {name} or the weights",
-                    parameters=(name, "weights"),
-                )
+        for name, refused in given.items():
+            if refused:
+                raise mixture_refusal(name)
 
     def _check_units(self) -> None:
         """What a run of preference units cannot take: each refused with why, not silently ignored."""

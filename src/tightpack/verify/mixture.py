@@ -11,8 +11,10 @@ that counted it at pack time (`tightpack.offline.mixture_figures.packed_figures`
   (``samples_packed == samples``), else only as bounded by the packs (at most the measure packed
   over that of the distinct samples packed), and ``samples`` as at least ``samples_packed``;
 - ``windows`` and ``window_shares``, from the packs in the order a run reads them; the settings they
-  must agree with: ``window_packs`` (the batches counted), ``tolerance_points`` (no full batch past
-  it), and every source's ``samples`` (at most its ``rows``);
+  must agree with: ``window_packs`` (the batches counted), ``tolerance_points`` (a number of points,
+  no full batch past it), ``max_repetitions`` (no source's ``repetitions`` past it), every source's
+  ``samples`` (at most its ``rows``), and the run's settings (``settings.mixture``: the weights and
+  every setting the section repeats);
 - ``counts.mixture_repeats``: the copies of repeated samples past the first.
 
 A sequence's source is told by its ``sample_index``: the inputs' source rows are consecutive, in input
@@ -120,6 +122,7 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
             report, f"mixture.windows.{key}", mixture["windows"].get(key), value, "the packs in order give"
         )
     _check_settings(report, mixture, figures.windows, totals.rows)
+    _check_recorded_settings(report, mixture, manifest.get("settings", {}).get("mixture"))
     _compare_window_shares(report, mixture.get("window_shares"), figures.window_shares, len(sources))
     repeats = sum(entry["sequences"] - entry["samples_packed"] for entry in figures.sources)
     _compare(report, "counts.mixture_repeats", manifest.get("counts", {}).get("mixture_repeats"), repeats)
@@ -137,14 +140,28 @@ def _check_settings(report: VerifyReport, mixture: dict, windows: dict, packs: i
             f"{windows['window_packs']} packs over {packs} packs {_CHANGED}",
         )
     tolerance = mixture.get("tolerance_points")
-    if _number(tolerance) and windows["worst_points"] > tolerance * (1 + 1e-9):
+    if tolerance is not None and not (_number(tolerance) and tolerance > 0):
+        report.add(
+            "mixture",
+            f"mixture.tolerance_points is {_show(tolerance)} in the manifest, not a number of points (no "
+            f"run writes it) {_CHANGED}",
+        )
+    elif _number(tolerance) and windows["worst_points"] > tolerance * (1 + 1e-9):
         report.add(
             "mixture",
             f"mixture.tolerance_points is {tolerance:g} in the manifest, but the packs in order hold a "
             f"global batch {windows['worst_points']:.4g} points off, which that run would have refused "
             f"{_CHANGED}",
         )
+    cap = mixture.get("max_repetitions")
     for s, source in enumerate(mixture.get("sources") or []):
+        times = source.get("repetitions")
+        if _number(cap) and _number(times) and times > cap * (1 + 1e-9):
+            report.add(
+                "mixture",
+                f"mixture.sources[{s}] ({source.get('name')}): repetitions is {_show(times)}, past the "
+                f"max_repetitions of {_show(cap)} in the manifest {_CHANGED}",
+            )
         samples, rows = source.get("samples"), source.get("rows")
         if isinstance(samples, int) and isinstance(rows, int) and samples > rows:
             report.add(
@@ -152,6 +169,42 @@ def _check_settings(report: VerifyReport, mixture: dict, windows: dict, packs: i
                 f"mixture.sources[{s}] ({source.get('name')}): samples is {samples} in the manifest, more "
                 f"than its {rows} rows {_CHANGED}",
             )
+
+
+_RECORDED = {  # the mixture section's key: the run's setting (the manifest's settings.mixture)
+    "mix_by": "mix_by",
+    "max_repetitions": "max_repetitions",
+    "total_tokens": "total_tokens",
+    "total_packs": "total_packs",
+    "window_packs": "window_packs",
+    "tolerance_points": "tolerance",
+}
+
+
+def _check_recorded_settings(report: VerifyReport, mixture: dict, recorded: Any) -> None:
+    """The mixture section against the run's settings (``settings.mixture``), which the run wrote from
+    the same configuration: the weights and every setting the section repeats."""
+    if not isinstance(recorded, dict):
+        report.add(
+            "mixture",
+            f"settings.mixture is {_show(recorded)} in the "
+            f"manifest, where a mixture run records its settings {_CHANGED}",
+        )
+        return
+    differ = [
+        f"{key} {_show(mixture.get(key))} against {_show(recorded.get(setting))}"
+        for key, setting in _RECORDED.items()
+        if mixture.get(key) != recorded.get(setting)
+    ]
+    weights = [source.get("weight") for source in mixture.get("sources") or []]
+    if weights != recorded.get("weights"):
+        differ.append(f"weights {_show(weights)} against {_show(recorded.get('weights'))}")
+    if differ:
+        report.add(
+            "mixture",
+            f"the mixture section disagrees with settings.mixture in the manifest: {'; '.join(differ)} "
+            f"{_CHANGED}",
+        )
 
 
 def _check_repetitions(report: VerifyReport, name: str, said: dict, packed: int, times: float) -> None:
