@@ -17,13 +17,14 @@
  *   2. exchanges (_batch_exchanges.c: `exchange_rounds`, `improve`), until every full batch is within
  *      `aim` (a fraction) or none can be made better, at most `rounds_per_batch` per batch. Each round
  *      takes the worst full batch (when no exchange makes it better, the next worst above the aim,
- *      and so on) and makes the first of these that makes it better: the best sample exchange (a
- *      sample of it for one of the samples nearest its length in another batch, both packs within
- *      `pack_size`: NEIGHBOURS of each, fewer for a batch of many samples); the best pack exchange
- *      with one of about PACK_CANDIDATES packs of the region; the best sample exchange among the WIDE
- *      nearest. The other batch must end closer than the worst was when it is full, and no further
- *      off than it was when it is the partial last one; no exchange brings a copy of a sample into a
- *      batch that holds one;
+ *      and so on) and makes the first of these that makes it better: the best MULTIPLE sample
+ *      exchanges (a sample of it for one of the samples nearest its length in another batch, both
+ *      packs within `pack_size`: NEIGHBOURS of each, fewer for a batch of many samples), best first,
+ *      each made while it still makes the batch better once those before it are made; the best pack
+ *      exchange with one of about PACK_CANDIDATES packs of the region; the best sample exchange among
+ *      the WIDE nearest. The other batch must end closer than the worst was when it is full, and no
+ *      further off than it was when it is the partial last one; no exchange brings a copy of a sample
+ *      into a batch that holds one;
  *   3. the packs of each batch put in order (`order_batch`).
  *
  * At the end the slots of every pack (the caller's arrays, in plan order) are rewritten with the
