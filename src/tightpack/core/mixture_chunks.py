@@ -53,7 +53,7 @@ def pack_chunks(
     lengths = np.asarray(lengths, dtype=np.int64)
     samples = np.asarray(samples, dtype=np.int64)
     chunk = _chunks_apart(samples, (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1))
-    by_chunk = np.argsort(chunk, kind="stable")
+    by_chunk = stable_order(chunk)
     bounds = np.searchsorted(chunk[by_chunk], np.arange(int(chunk.max(initial=-1)) + 2))
     rng = np.random.default_rng([seed, len(samples)])
     orders, sizes = [], []
@@ -82,7 +82,7 @@ def _chunks_apart(samples: np.ndarray, chunk: np.ndarray) -> np.ndarray:
     """
     if not len(samples):
         return chunk
-    copies = np.argsort(samples, kind="stable")  # each sample's copies together, in stream order
+    copies = stable_order(samples)  # each sample's copies together, in stream order
     sorted_samples = samples[copies]
     first = np.flatnonzero(np.concatenate([[True], sorted_samples[1:] != sorted_samples[:-1]]))
     counts = np.diff(np.append(first, len(samples)))
@@ -103,11 +103,25 @@ def _pack_chunk(entries: np.ndarray, lengths: np.ndarray, pack_size: int) -> tup
     fewer packs, by more than one and `SORTED_SAVES` of them. Returns the entries in the order the
     plan numbers them, and the plan."""
     small = lengths * SMALL_SHARE <= pack_size
-    mixed = np.lexsort((np.where(small, 0, -lengths), small))  # large ones longest first, then small
+    # the large ones longest first, then the small ones in stream order
+    mixed = stable_order(np.where(small, pack_size + 1, pack_size - lengths))
     plan = plan_packs(lengths[mixed], pack_size, algorithm="first_fit")
     if small.any():
-        decreasing = np.argsort(-lengths, kind="stable")
+        decreasing = stable_order(pack_size - lengths)
         tighter = plan_packs(lengths[decreasing], pack_size, algorithm="first_fit")
         if len(tighter) < min(len(plan) - 1, len(plan) * (1 - SORTED_SAVES)):
             return entries[decreasing], tighter
     return entries[mixed], plan
+
+
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")``, by numpy's radix sort where the keys fit 16 bits (lengths
+    within a pack, chunk numbers, sample numbers of a small dataset): several times faster than the
+    merge sort it takes for wider integers.
+
+    >>> stable_order(np.array([3, 1, 3, 0])).tolist(), stable_order(np.array([70_000, 1, 70_000])).tolist()
+    ([3, 1, 0, 2], [1, 0, 2])
+    """
+    if len(keys) and 0 <= keys.min() and keys.max() <= np.iinfo(np.uint16).max:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    return np.argsort(keys, kind="stable")
