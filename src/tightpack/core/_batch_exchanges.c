@@ -372,16 +372,18 @@ Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, do
     Exchange top[MULTIPLE];
     if (tried == NULL) return 0; /* out of memory: the deal as the greedy left it */
     Py_ssize_t made = 0;
-    while (made < rounds) {
+    for (Py_ssize_t round = 0; round < rounds;) {
         Py_ssize_t w = -1;
         for (Py_ssize_t b = 0; b < g->batches; b++)
             if (g->capacity[b] == K && !tried[b] && g->dev[b] > aim && (w < 0 || g->dev[b] > g->dev[w])) w = b;
         if (w < 0) break; /* every batch within the aim, or none that single exchanges make better */
         const Py_ssize_t exchanges = improve(d, g, w, aim, &pack_scans, tried, top, shift);
-        if (exchanges > 0)
+        if (exchanges > 0) {
             made += exchanges;
-        else
+            round++;
+        } else {
             tried[w] = 1;
+        }
     }
     free(tried);
     return made;

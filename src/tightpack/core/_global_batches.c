@@ -15,7 +15,7 @@
  *      (`part_copies`), and a sample still beside its copy with a sample of another batch
  *      (`part_samples`);
  *   2. exchanges (_batch_exchanges.c: `exchange_rounds`, `improve`), until every full batch is within
- *      `aim` (a fraction) or none can be made better, at most `rounds_per_batch` per batch. Each round
+ *      `aim` (a fraction) or none can be made better, at most `rounds_per_batch` rounds a batch. Each round
  *      takes the worst full batch (when no exchange makes it better, the next worst above the aim,
  *      and so on) and makes the first of these that makes it better: the best MULTIPLE sample
  *      exchanges (a sample of it for one of the samples nearest its length in another batch, both

@@ -24,8 +24,8 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    the larger of the two batches' deviations smallest. The other batch must end closer than the one
    being fixed was when it is full (so the worst full batch never gets worse), and no further off than
    it was when it is the partial last one. No exchange brings a copy of a sample into a batch that
-   holds one. At most ``rounds_per_batch`` exchanges per batch of a region; the exchanges stop when
-   no batch above the aim can be made better.
+   holds one. At most ``rounds_per_batch`` rounds (a search and the exchanges it makes) per batch of
+   a region; the exchanges stop when no batch above the aim can be made better.
 3. **Order**: the packs of each batch are put in the order that keeps the largest running
    deviation of any source (its measure so far less its target share of the batch's so far) smallest,
    the earliest planned on a tie: a stretch of packs that straddles two batches, the end of one and
@@ -61,7 +61,7 @@ DEFAULT_AIM = 0.5
 """Percentage points: exchanges stop once every full batch of a region is this close to every target."""
 
 DEFAULT_ROUNDS_PER_BATCH = 64
-"""At most this many exchanges per batch of a region."""
+"""At most this many rounds of exchanges (a search and the exchanges it makes) per batch of a region."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def deal_batches(
         region_batches: batches dealt together.
         balance: weight of the batches' balance in the deal.
         aim: percentage points: exchanges stop once every full batch is this close.
-        rounds_per_batch: at most this many exchanges per batch of a region.
+        rounds_per_batch: at most this many rounds of exchanges per batch of a region.
 
     >>> plan = PackPlan(order=np.arange(4), offsets=np.array([0, 1, 2, 3, 4]))
     >>> dealt = deal_batches(plan, np.ones(4), np.ones(4), np.array([0, 0, 1, 1]), np.array([0.5, 0.5]), 1, 2)
