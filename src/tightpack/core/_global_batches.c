@@ -108,10 +108,16 @@ static int greedy(Deal *d, Region *g, double balance) {
             const double *o = off + s * B, *r = rel + s * B;
             for (Py_ssize_t b = 0; b < B; b++) cost[b] += step * o[b] + scaled * r[b];
         }
+        /* ties go to the first batch from a start that moves on by the golden ratio of the batches
+         * each pack: equal packs (the first ones, into empty batches) spread over the region instead
+         * of filling its first batches */
+        const Py_ssize_t start = (Py_ssize_t)fmod((double)k * 0.6180339887498949 * (double)B, (double)B);
         Py_ssize_t chosen = -1, fallback = -1;
         for (;;) { /* the cheapest open batch that holds no copy of the pack's samples */
             Py_ssize_t pick = -1;
-            for (Py_ssize_t b = 0; b < B; b++)
+            for (Py_ssize_t b = start; b < B; b++)
+                if (cost[b] < INFINITY && (pick < 0 || cost[b] < cost[pick])) pick = b;
+            for (Py_ssize_t b = 0; b < start; b++)
                 if (cost[b] < INFINITY && (pick < 0 || cost[b] < cost[pick])) pick = b;
             if (pick < 0) break;
             if (fallback < 0) fallback = pick;
