@@ -466,13 +466,13 @@ def test_changed_windows_shares_and_counts_fail_naming_the_field(mixed, tmp_path
         ),
         (
             setting,
-            "the mixture section disagrees with settings.mixture in the manifest: mix_by "
-            "'supervised-tokens' against 'tokens' ",
+            "the mixture section disagrees with the run's settings in the manifest: mixture.mix_by is "
+            "'supervised-tokens', settings.mixture.mix_by 'tokens' ",
         ),
         (
             weights,
-            "the mixture section disagrees with settings.mixture in the manifest: weights [5, 3, 2] "
-            "against [4, 3, 2] ",
+            "the mixture section disagrees with the run's settings in the manifest: the weights of "
+            "mixture.sources are [5, 3, 2], settings.mixture.weights [4, 3, 2] ",
         ),
         (
             worst_points,
@@ -489,6 +489,34 @@ def test_changed_windows_shares_and_counts_fail_naming_the_field(mixed, tmp_path
         assert report.violations[0].message.startswith(message), report.violations[0].message
 
 
+MALFORMED = [
+    ("cap-text", lambda m: m["mixture"].update(max_repetitions="4"), "mixture.max_repetitions is '4' in the"),
+    (
+        "cap-missing",
+        lambda m: m["mixture"].update(max_repetitions=None),
+        "mixture.max_repetitions is missing",
+    ),
+    ("cap-zero", lambda m: m["mixture"].update(max_repetitions=0), "mixture.max_repetitions is 0 in the"),
+    ("windows-list", lambda m: m["mixture"].update(windows=[]), "mixture.windows is [] in the manifest, not"),
+    ("source-null", lambda m: m["mixture"]["sources"].__setitem__(0, None), "mixture.sources[0] is missing"),
+    ("samples-text", lambda m: m["mixture"]["sources"][0].update(samples="300"), "samples is '300' in the"),
+    ("section-gone", lambda m: m.pop("mixture"), "the manifest has no mixture section, but its settings"),
+    ("section-list", lambda m: m.update(mixture=[]), "the manifest has no mixture section, but its settings"),
+]
+"""(name, an edit of the manifest no run writes, the start of what verify says): one each."""
+
+
+@pytest.mark.parametrize(("name", "change", "message"), MALFORMED, ids=[name for name, *_ in MALFORMED])
+def test_a_malformed_mixture_section_is_named_not_a_traceback(mixed, tmp_path, name, change, message):
+    """Values of the wrong type, or the section gone while the settings say a mixture run wrote it:
+    a line of the mixture check naming the field (and no flood of coverage faults: the copies a sample
+    may have come from the settings when the section is gone), never an exception."""
+    report = verify_packed(tampered(mixed, tmp_path, change))
+    faults = [v.message for v in report.violations if v.check == "mixture"]
+    assert any(message in fault for fault in faults), [str(v) for v in report.violations]
+    assert set(report.counts) == {"mixture"}, [str(v) for v in report.violations]
+
+
 def test_changed_packs_fail_on_the_figures_they_change(mixed, tmp_path):
     """Packs rewritten with the manifest's checksums refreshed (as a buggy writer would leave them): the
     same sequences in another order break the windows; two sequences' sources swapped, the tokens."""
@@ -502,14 +530,22 @@ def test_changed_packs_fail_on_the_figures_they_change(mixed, tmp_path):
     swapped = tmp_path / "swapped"
     shutil.copytree(mixed, swapped)
 
-    def swap(columns):  # a long row's sample_index with a short row's: the same samples, other sources
-        where = {}
+    def swap(columns):
+        """A long row's sample_index with a short row's (the same samples, other sources): the first
+        pair whose sequences differ in tokens and in supervised tokens, so both sources' counts move."""
+        found = {"long": [], "short": []}
         for row, indices in enumerate(columns["sample_index"]):
+            starts = [*columns["seq_start_id"][row], len(columns["input_ids"][row])]
             for j, index in enumerate(indices):
-                where.setdefault(
-                    "long" if 120 <= index < 180 else "short" if index >= 180 else "demo", (row, j)
-                )
-        (a, i), (b, j) = where["long"], where["short"]
+                mask = columns["loss_mask"][row][starts[j] : starts[j + 1]]
+                kind = "long" if 120 <= index < 180 else "short" if index >= 180 else "demo"
+                found.setdefault(kind, []).append((row, j, starts[j + 1] - starts[j], sum(mask)))
+        (a, i, *_), (b, j, *_) = next(
+            (long, short)
+            for long in found["long"]
+            for short in found["short"]
+            if long[2] != short[2] and long[3] != short[3]
+        )
         index = columns["sample_index"]
         index[a][i], index[b][j] = index[b][j], index[a][i]
 

@@ -8,6 +8,7 @@ a figure), the data tests never draw.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 import sys
@@ -314,6 +315,11 @@ def test_inspect_figure_plots_the_arrays(packed):
     assert_histogram(axes["sequence lengths"], arrays.sequence_lengths)
     assert sorted(vertical_lines(axes["sequence lengths"])) == [3000, 4096]
 
+    # a long output path: the title in lines that fit the image
+    arrays = dataclasses.replace(arrays, path=LONG_PATHS[1])
+    extent, inside = drawn_title(plots.inspect_figure(arrays, pack_size=4096))
+    assert inside.x0 <= extent.x0 and extent.x1 <= inside.x1, (extent, inside)
+
     # without a cost model: the attention work, sum of squared lengths
     squares = axes_by_label(plots.inspect_figure(arrays, pack_size=4096))["cost"]
     line = lines_by_label(squares)["sum of squared sequence lengths"]
@@ -349,7 +355,8 @@ def test_mixture_figure_draws_a_partial_last_batch_as_partial():
     over a grey band whose label gives its size and deviation, not a step like the others (nor a spike
     at pack 16)."""
     shares = [[0.6, 0.4], [0.5, 0.5], [1.0, 0.0]]
-    axes = axes_by_label(mixture_figure(mixture_section(shares), packs=19, path="out"))["mixture"]
+    figure = mixture_figure(mixture_section(shares), packs=19, path="out")
+    axes = axes_by_label(figure)["mixture"]
     lines = lines_by_label(axes)
     for s, name in enumerate(["a.jsonl", "b.jsonl"]):
         full = lines[name]
@@ -372,27 +379,41 @@ def test_mixture_figure_draws_a_partial_last_batch_as_partial():
         "worst full batch: packs 8-15",
     ]
     assert "a step per global batch of 8 packs" in axes.get_xlabel()
-    assert axes.get_title() == (
-        "out\nmixture by tokens: worst global batch of 8 packs: 12.50 points off (batch 1, packs 8-15)"
+    assert figure.get_suptitle() == (
+        "out: mixture by tokens: worst global batch of 8 packs: 12.50 points off (batch 1, packs 8-15)"
     )
 
 
-def test_mixture_figure_title_of_a_long_path_stays_inside_the_figure():
-    """A deep output folder and a partial last batch make a title wider than the axes: it is wrapped,
-    every character of it drawn inside the image (not clipped at the left edge)."""
+def drawn_title(figure):
+    """The figure's title drawn by Agg: its extent in pixels, and the figure's."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    path = "/data/runs/" + "/".join(["a-rather-long-folder-name"] * 6) + "/mixed"
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return figure._suptitle.get_window_extent(canvas.get_renderer()), figure.bbox
+
+
+LONG_PATHS = [
+    "/data/runs/" + "/".join(["a-rather-long-folder-name"] * 6) + "/mixed",
+    "/TMP/MEGATRON_WORKSPACE_MIXTURE_EXPERIMENTS_MAY/WIKIPEDIA_MATH_WEBMATH_CHAT_MIX_WINDOW_SIXTEEN"
+    "_MAX_REPETITIONS_FOUR/MIXED_OUTPUT_MWM_SUPERVISED_TOKENS",
+    "W" * 400,
+]
+
+
+@pytest.mark.parametrize("path", LONG_PATHS, ids=["words", "capitals", "one-wide-word"])
+def test_mixture_figure_title_of_a_long_path_stays_inside_the_figure(path):
+    """A deep output folder (capitals are wider than the average letter) and a partial last batch
+    make a title wider than the figure: it is broken into lines, every character of it drawn inside
+    the image, not clipped at the edges."""
     section = mixture_section([[0.6, 0.4], [0.5, 0.5], [1.0, 0.0]])
     section["windows"]["last_batch_packs"] = 3
     figure = mixture_figure(section, packs=19, path=path)
-    canvas = FigureCanvasAgg(figure)
-    canvas.draw()
-    title = axes_by_label(figure)["mixture"].title
-    extent, inside = title.get_window_extent(canvas.get_renderer()), figure.bbox
+    extent, inside = drawn_title(figure)
     assert inside.x0 <= extent.x0 and extent.x1 <= inside.x1, (extent, inside)
-    assert title.get_text().replace("\n", "").startswith(path)
-    assert "last batch (3 of 8 packs) 40.00 points off" in title.get_text().replace("\n", " ")
+    title = figure.get_suptitle()
+    assert title.replace("\n", "").startswith(path) and len(title.splitlines()) > 1
+    assert "last batch (3 of 8 packs) 40.00 points off" in title.replace("\n", " ")
 
 
 def test_mixture_figure_of_whole_batches_has_no_partial_one():

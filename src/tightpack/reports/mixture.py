@@ -7,19 +7,15 @@ Both read the manifest's ``mixture`` section (`tightpack.offline.mixture.plan_mi
 
 from __future__ import annotations
 
-import textwrap
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tightpack.errors import TightpackError
-from tightpack.reports.plots import _HIGHLIGHT, _figure
+from tightpack.reports.plots import _HIGHLIGHT, _figure, fit_title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-TITLE_CHARACTERS = 90
-"""The mixture plot's title is wrapped at this many characters: the width of its axes."""
 
 STATISTICS = (
     ("target share", lambda s: f"{s['target_share']:.2%}"),
@@ -190,9 +186,6 @@ def mixture_figure(mixture: dict[str, Any], *, packs: int, path: str = "") -> Fi
     axes.set_ylim(-0.02, 1.02)  # a share of 0 or 1 stays in sight
     axes.set_xlabel(f"pack (file order); a step per global batch of {window:,} packs")
     axes.set_ylabel(f"share of {mixture['mix_by']}")
-    # wrapped to the axes' width: constrained layout clips a title wider than them at both ends
-    lines = textwrap.wrap(path, TITLE_CHARACTERS, break_on_hyphens=False) if path else []
-    lines += textwrap.wrap(mixture_title(mixture), TITLE_CHARACTERS)
-    axes.set_title("\n".join(lines), fontsize="medium")
+    fit_title(figure, f"{path}: {mixture_title(mixture)}" if path else mixture_title(mixture))
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return figure

@@ -55,6 +55,36 @@ def _figure(**kwargs) -> Figure:
     return Figure(layout="constrained", **kwargs)
 
 
+def fit_title(figure: Figure, text: str, fontsize: str = "medium") -> None:
+    """``text`` as ``figure``'s title, broken into lines that each fit the figure's width (measured in
+    the font, not counted in characters): at spaces where they serve, inside a word (a long output
+    path) where not. Constrained layout clips a wider title at both edges."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    font, measure = FontProperties(size=fontsize), TextToPath()
+    width = 0.9 * figure.get_figwidth() * 72  # points, a margin for the renderer's hinting
+
+    def fits(line: str) -> bool:
+        return measure.get_text_width_height_descent(line, font, ismath=False)[0] <= width
+
+    lines: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        if fits(f"{line} {word}" if line else word):
+            line = f"{line} {word}" if line else word
+            continue
+        if line:
+            lines.append(line)
+        while not fits(word):  # the longest head of the word that fits, on a line of its own
+            cut = next((k for k in range(len(word) - 1, 0, -1) if fits(word[:k])), 1)
+            lines.append(word[:cut])
+            word = word[cut:]
+        line = word
+    lines.append(line)
+    figure.suptitle("\n".join(lines), fontsize=fontsize)
+
+
 def plan_figure(comparison: PackSizeComparison) -> Figure:
     """The measures of ``tightpack plan`` against pack size, and the sample lengths.
 
@@ -186,7 +216,7 @@ def inspect_figure(
     cost.legend(loc="lower left", fontsize="small")
     for axes in (sequences, cost):
         axes.set_xlabel("pack (file order)")
-    figure.suptitle(f"{arrays.path}: {len(packs):,} packs", fontsize="medium")
+    fit_title(figure, f"{arrays.path}: {len(packs):,} packs")
     return figure
 
 

@@ -83,15 +83,38 @@ def check_manifest_files(folder: Path, manifest: dict, files: list[str], report:
                 )
 
 
+def allowed_copies(manifest: dict | None) -> int | None:
+    """How many times a run may pack one source sample: once, or up to the cap of a mixture run
+    (`tightpack.offline.mixture`: ``max_repetitions``, from the mixture section or, where that is
+    missing, the run's settings); None when the manifest's cap is not a number of at least 1.
+
+    >>> allowed_copies(None), allowed_copies({"mixture": {"max_repetitions": 2.5}})
+    (1, 3)
+    >>> allowed_copies({"settings": {"mixture": {"max_repetitions": 3}}})
+    3
+    >>> allowed_copies({"mixture": {"max_repetitions": "4"}}) is None
+    True
+    """
+    manifest = manifest if isinstance(manifest, dict) else {}
+    settings = manifest.get("settings")
+    mixture = manifest.get("mixture") or (settings.get("mixture") if isinstance(settings, dict) else None)
+    if not mixture:
+        return 1
+    cap = mixture.get("max_repetitions") if isinstance(mixture, dict) else None
+    if isinstance(cap, bool) or not isinstance(cap, int | float) or not math.isfinite(cap) or cap < 1:
+        return None
+    return math.ceil(cap)
+
+
 def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) -> None:
     if not totals.sample_index:
         return
     indices = np.concatenate(totals.sample_index)
     rows = np.concatenate(totals.sample_rows)
     order = np.argsort(indices, kind="stable")
-    # a mixture repeats a sample up to its cap (`tightpack.offline.mixture`); anything else packs it once
-    mixture = (manifest or {}).get("mixture")
-    copies = math.ceil(mixture["max_repetitions"]) if mixture else 1
+    copies = allowed_copies(manifest)
+    if copies is None:  # a cap that is not a number: the mixture check names it
+        return
     repeated = np.flatnonzero(indices[order][copies:] == indices[order][:-copies]) + copies
     for at in repeated:
         first, again = rows[order[at - copies]], rows[order[at]]

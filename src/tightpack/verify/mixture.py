@@ -42,9 +42,36 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
     """Compare the manifest's ``mixture`` figures with the rows' (``totals`` read with
     ``per_sequence``); returns the number of sources counted again (0: no mixture, or not counted)."""
     mixture = manifest.get("mixture")
+    settings = manifest.get("settings")
     if not mixture:
+        if isinstance(settings, dict) and settings.get("mixture"):
+            report.add(
+                "mixture",
+                f"the manifest has no mixture section, but its settings.mixture says a mixture run wrote "
+                f"it: its figures (and the copies each sample may have) cannot be checked {_CHANGED}",
+            )
         return 0
-    sources: list[dict] = mixture.get("sources") or []
+    if not isinstance(mixture, dict):
+        report.add("mixture", f"mixture is {_show(mixture)} in the manifest, not a section {_CHANGED}")
+        return 0
+    sources = mixture.get("sources") or []
+    if not isinstance(sources, list):
+        report.add("mixture", f"mixture.sources is {_show(sources)} in the manifest, not a list {_CHANGED}")
+        return 0
+    for s, source in enumerate(sources):
+        if not isinstance(source, dict):
+            report.add(
+                "mixture",
+                f"mixture.sources[{s}] is {_show(source)} in the manifest, not a source {_CHANGED}",
+            )
+            return 0
+    cap = mixture.get("max_repetitions")
+    if not (_number(cap) and math.isfinite(cap) and cap >= 1):
+        report.add(
+            "mixture",
+            f"mixture.max_repetitions is {_show(cap)} in the manifest, not a number of at least 1: how "
+            f"many copies of a sample the packs may hold cannot be checked {_CHANGED}",
+        )
     names = [f"mixture.sources[{s}] ({source.get('name')})" for s, source in enumerate(sources)]
     rows = [source.get("rows") for source in sources]
     if not sources or not all(isinstance(count, int) and count >= 0 for count in rows):
@@ -72,7 +99,15 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
         )
         report.add("mixture", f"the mixture's figures were not counted again: {missing}")
         return 0
-    window = mixture.get("windows", {}).get("window_packs")  # the setting, cut to the packs there are
+    windows = mixture.get("windows")
+    if not isinstance(windows, dict):
+        report.add(
+            "mixture",
+            f"mixture.windows is {_show(windows)} in the manifest, not a table of the global batches: the "
+            f"windows cannot be counted again {_CHANGED}",
+        )
+        return 0
+    window = windows.get("window_packs")  # the setting, cut to the packs there are
     if not isinstance(window, int) or window < 0:
         report.add(
             "mixture",
@@ -107,6 +142,12 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
 
     times = repetitions(figures.measure, figures.distinct_measure)
     for s, (said, counted) in enumerate(zip(sources, figures.sources, strict=True)):
+        if not (isinstance(said.get("samples"), int) and said["samples"] >= 0):
+            report.add(
+                "mixture",
+                f"{names[s]}: samples is {_show(said.get('samples'))} in the manifest, not a count "
+                f"{_CHANGED}",
+            )
         for key, value in counted.items():
             _compare(report, f"{names[s]}: {key}", said.get(key), value)
         _compare(
@@ -192,17 +233,21 @@ def _check_recorded_settings(report: VerifyReport, mixture: dict, recorded: Any)
         )
         return
     differ = [
-        f"{key} {_show(mixture.get(key))} against {_show(recorded.get(setting))}"
+        f"mixture.{key} is {_show(mixture.get(key))}, "
+        f"settings.mixture.{setting} {_show(recorded.get(setting))}"
         for key, setting in _RECORDED.items()
         if mixture.get(key) != recorded.get(setting)
     ]
     weights = [source.get("weight") for source in mixture.get("sources") or []]
     if weights != recorded.get("weights"):
-        differ.append(f"weights {_show(weights)} against {_show(recorded.get('weights'))}")
+        differ.append(
+            f"the weights of mixture.sources are {_show(weights)}, settings.mixture.weights "
+            f"{_show(recorded.get('weights'))}"
+        )
     if differ:
         report.add(
             "mixture",
-            f"the mixture section disagrees with settings.mixture in the manifest: {'; '.join(differ)} "
+            f"the mixture section disagrees with the run's settings in the manifest: {'; '.join(differ)} "
             f"{_CHANGED}",
         )
 
