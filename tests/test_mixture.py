@@ -287,6 +287,25 @@ def test_deal_batches_balances_what_the_planned_order_does_not():
         assert sorted(batch.tolist()) == list(range(8))
 
 
+def test_a_source_in_fewer_packs_than_batches_is_spread_over_the_run_not_put_first():
+    """Tiny samples (4-19 tokens) mixed 1:1:1 by samples with long ones pack many to a pack: their
+    packs are fewer than the global batches of 4, so some batches cannot hold them. The batches that
+    do are spread over the whole run (a run trains on them to its end), not the first ones only."""
+    rng = np.random.default_rng(5)
+    counts = [300, 150, 2000]
+    lengths = np.concatenate(
+        [rng.integers(300, 1500, 300), rng.integers(400, 2000, 150), rng.integers(4, 20, 2000)]
+    )
+    source = np.repeat([0, 1, 2], counts)
+    chosen = resolve_mixture(lengths, lengths // 2, source, [1, 1, 1], by="samples", max_repetitions=2)
+    mixed = plan_mixture(chosen, lengths, np.ones_like(lengths), 2048, window=4)
+    batches = mixed.composition[: len(mixed.plan) // 4 * 4].reshape(-1, 4, 3).sum(axis=1)
+    holding = batches[:, 2] > 0
+    assert 0 < holding.sum() < len(holding)  # the packs of tiny samples are fewer than the batches
+    half = len(holding) // 2
+    assert min(holding[:half].sum(), holding[half:].sum()) >= holding.sum() // 3, holding.astype(int)
+
+
 @settings(max_examples=100, deadline=None)
 @given(mixtures(), st.integers(1, 8), st.sampled_from([None, 3]))
 def test_plan_mixture_packs_every_entry_once_within_the_pack_and_reports_its_worst_window(
