@@ -37,7 +37,8 @@ typedef struct {
     int64_t *held;      /* the items of each pack (mutable) */
     int64_t *used;      /* tokens */
     /* batches */
-    double *sums, *dev;
+    double *sums, *dev, *total; /* sums: [batches * sources]; dev: the largest |share - target|; total: measure */
+    Py_ssize_t *furthest;       /* the source furthest from its share (an exchange's first check) */
     Py_ssize_t *count, *capacity, *members; /* members: [batches * batch_packs] packs */
 } Region;
 
@@ -70,6 +71,20 @@ static inline double deviation(const double *sums, const double *shift, const do
         if (x > worst) worst = x;
     }
     return worst;
+}
+
+/* Batch `b`'s deviation, measure and furthest source, from its sums (after they change). */
+static inline void refresh(const Deal *d, Region *g, Py_ssize_t b) {
+    const Py_ssize_t S = d->sources;
+    const double *sums = g->sums + b * S;
+    double total = 0.0;
+    for (Py_ssize_t s = 0; s < S; s++) total += sums[s];
+    Py_ssize_t worst = 0;
+    for (Py_ssize_t s = 1; s < S; s++)
+        if (fabs(sums[s] - d->targets[s] * total) > fabs(sums[worst] - d->targets[worst] * total)) worst = s;
+    g->dev[b] = deviation(sums, NULL, d->targets, S);
+    g->total[b] = total;
+    g->furthest[b] = worst;
 }
 
 /* Step 2 (_batch_exchanges.c). Each returns early, leaving the deal as it stands, when out of memory. */

@@ -20,10 +20,11 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    nearest its length in another batch (both packs within the pack size; fill and pack count
    unchanged), up to 32 from one search, best first, each made while it still makes the batch better
    once those before it are made; the best exchange of one of its packs for one of about 1,024 packs
-   of the region; the best sample exchange among the 1,024 samples nearest in length. "Best" leaves
-   the larger of the two batches' deviations smallest. The other batch must end closer than the one
-   being fixed was when it is full (so the worst full batch never gets worse), and no further off than
-   it was when it is the partial last one. No exchange brings a copy of a sample into a batch that
+   of the region; the best sample exchange among the 1,024 samples nearest in length (these two
+   searches at most twice each per batch of the region). "Best" leaves the larger of the two
+   batches' deviations smallest. The other batch must end closer than the one being fixed was when it
+   is full (so the worst full batch never gets worse), and no further off than it was when it is the
+   partial last one. No exchange brings a copy of a sample into a batch that
    holds one. At most ``rounds_per_batch`` rounds (a search and the exchanges it makes) per batch of
    a region; the exchanges stop when no batch above the aim can be made better.
 3. **Order**: the packs of each batch are put in the order that keeps the largest running
