@@ -130,12 +130,13 @@ static Py_ssize_t sample_exchanges(const Deal *d, const Region *g, Py_ssize_t w,
             for (Py_ssize_t looked = 0; looked < neighbours && (up < g->items || down >= 0); looked++) {
                 const int64_t j = next_nearest(g, &up, &down, li, li + free_a);
                 if (j < 0) continue;
-                const int64_t bb = batch_of(d, g, g->pack[j]) - g->first_batch;
-                if (bb == w || g->sample[j] == g->sample[i] || !room_for(d, g, j, li)) continue;
+                /* what `w` would become first: most candidates fail there, before their pack is looked up */
                 const double bar = held < most ? limit : top[most - 1].value;
                 if (exchange_strays(g->sums + w * S, g->total[w], d->targets, S, g->source[i], g->measure[i],
                                     g->source[j], g->measure[j], g->furthest[w], bar))
                     continue;
+                const int64_t bb = batch_of(d, g, g->pack[j]) - g->first_batch;
+                if (bb == w || g->sample[j] == g->sample[i] || !room_for(d, g, j, li)) continue;
                 const double other = g->capacity[bb] == K ? limit : fmax(limit, g->dev[bb]);
                 if (exchange_strays(g->sums + bb * S, g->total[bb], d->targets, S, g->source[j], g->measure[j],
                                     g->source[i], g->measure[i], g->furthest[bb], other))
