@@ -182,7 +182,8 @@ done:
  * planned order on a tie) that keeps smallest the largest running deviation of any source,
  * `sum(measure_s) - target_s * sum(measure)` over the batch's packs so far; so a stretch of packs that
  * straddles two batches, the end of one and the start of the next, stays near the targets too. */
-static void order_batch(const Deal *d, const Region *g, Py_ssize_t b, int64_t *out, double *running) {
+static void order_batch(const Deal *d, const Region *g, Py_ssize_t b, int64_t *out, double *running,
+                        double *scratch) {
     const Py_ssize_t S = d->sources, K = d->batch_packs, n = g->count[b];
     Py_ssize_t *members = g->members + b * K;
     for (Py_ssize_t m = 1; m < n; m++) /* planned order first: the earliest wins a tie */
@@ -191,16 +192,25 @@ static void order_batch(const Deal *d, const Region *g, Py_ssize_t b, int64_t *o
             members[k] = members[k - 1];
             members[k - 1] = swap;
         }
+    /* each member's measures and its target part (target_s * its measure), rows in member order */
+    double *measures = scratch, *parts = scratch + K * S;
+    for (Py_ssize_t m = 0; m < n; m++) {
+        const double *c = row(d, g, members[m]);
+        double weight = 0.0;
+        for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
+        for (Py_ssize_t s = 0; s < S; s++) {
+            measures[m * S + s] = c[s];
+            parts[m * S + s] = d->targets[s] * weight;
+        }
+    }
     for (Py_ssize_t s = 0; s < S; s++) running[s] = 0.0;
     for (Py_ssize_t step = 0; step < n; step++) {
         Py_ssize_t best = step;
         double best_value = INFINITY;
         for (Py_ssize_t m = step; m < n; m++) { /* members[step:] are the packs left */
-            const double *c = row(d, g, members[m]);
-            double weight = 0.0, value = 0.0;
-            for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
-            for (Py_ssize_t s = 0; s < S; s++) {
-                const double x = fabs(running[s] + c[s] - d->targets[s] * weight);
+            double value = 0.0;
+            for (Py_ssize_t s = 0; s < S && value < best_value; s++) {
+                const double x = fabs(running[s] + measures[m * S + s] - parts[m * S + s]);
                 if (x > value) value = x;
             }
             if (value < best_value) {
@@ -209,12 +219,12 @@ static void order_batch(const Deal *d, const Region *g, Py_ssize_t b, int64_t *o
             }
         }
         const Py_ssize_t chosen = members[best];
-        for (Py_ssize_t m = best; m > step; m--) members[m] = members[m - 1]; /* the rest keep their order */
+        for (Py_ssize_t s = 0; s < S; s++) running[s] += measures[best * S + s] - parts[best * S + s];
+        /* the rest keep their order */
+        memmove(members + step + 1, members + step, sizeof(Py_ssize_t) * (size_t)(best - step));
+        memmove(measures + (step + 1) * S, measures + step * S, sizeof(double) * (size_t)((best - step) * S));
+        memmove(parts + (step + 1) * S, parts + step * S, sizeof(double) * (size_t)((best - step) * S));
         members[step] = chosen;
-        const double *c = row(d, g, chosen);
-        double weight = 0.0;
-        for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
-        for (Py_ssize_t s = 0; s < S; s++) running[s] += c[s] - d->targets[s] * weight;
         out[step] = g->first + chosen;
     }
 }
@@ -276,10 +286,11 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     g.members = malloc(sizeof(Py_ssize_t) * nb * (size_t)K);
     int64_t *order = malloc(sizeof(int64_t) * ni);
     double *shift = malloc(sizeof(double) * (size_t)S);
+    double *scratch = malloc(sizeof(double) * (size_t)(2 * K * S)); /* order_batch's */
     Py_ssize_t made = -1;
     if (!g.length || !g.sample || !g.source || !g.copies_from || !g.copies_to || !g.measure || !g.copies ||
         !g.pack || !g.place || !g.held_from || !g.held || !g.used || !g.sums || !g.dev || !g.total || !g.furthest || !g.count ||
-        !g.capacity || !g.members || !order || !shift)
+        !g.capacity || !g.members || !order || !shift || !scratch)
         goto done;
     for (Py_ssize_t b = 0; b < batches; b++) g.capacity[b] = n - b * K < K ? n - b * K : K;
     /* the items, shortest first; each slot's item is its place in that order */
@@ -315,7 +326,7 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     part_copies(d, &g, shift);
     part_samples(d, &g, aim, shift);
     made = exchange_rounds(d, &g, rounds_per_batch * batches, aim, shift);
-    for (Py_ssize_t b = 0; b < batches; b++) order_batch(d, &g, b, t->order + (first_batch + b) * K, shift);
+    for (Py_ssize_t b = 0; b < batches; b++) order_batch(d, &g, b, t->order + (first_batch + b) * K, shift, scratch);
     for (int64_t k = 0; k < items; k++) { /* every slot: the item its pack holds there */
         const int64_t i = g.held[k], slot = first_slot + k;
         t->slot_sample[slot] = g.sample[i];
@@ -327,6 +338,7 @@ done:
     free_region(&g);
     free(order);
     free(shift);
+    free(scratch);
     return made;
 }
 
