@@ -316,8 +316,8 @@ static int64_t items_of(const Region *g, Py_ssize_t b, Py_ssize_t K) {
  * are made; when there is none, the best pack exchange; when there is none either, the best sample
  * exchange among the WIDE nearest. Returns the exchanges made; `tried` of every other batch they
  * change is cleared. */
-static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize_t *scans, char *tried,
-                          Exchange *top, double *shift) {
+static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize_t *pack_scans,
+                          Py_ssize_t *wide_scans, char *tried, Exchange *top, double *shift) {
     const Py_ssize_t K = d->batch_packs;
     const int64_t items = items_of(g, w, K) + 1;
     const Py_ssize_t near = NEIGHBOURS < SCAN_BUDGET / items ? NEIGHBOURS : (SCAN_BUDGET / items > 4 ? SCAN_BUDGET / items : 4);
@@ -338,16 +338,22 @@ static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize
         made++;
     }
     if (made) return made;
-    Exchange best;
-    if (scans[0] > 0 && (--scans[0], pack_exchange(d, g, w, scans[0], &best, shift))) {
-        tried[batch_of(d, g, best.theirs) - g->first_batch] = 0;
-        exchange_packs(d, g, w, best.mine, best.theirs);
-        return 1;
+    if (*pack_scans > 0) {
+        Exchange best;
+        --*pack_scans;
+        if (pack_exchange(d, g, w, *pack_scans, &best, shift)) {
+            tried[batch_of(d, g, best.theirs) - g->first_batch] = 0;
+            exchange_packs(d, g, w, best.mine, best.theirs);
+            return 1;
+        }
     }
-    if (wide > near && scans[1] > 0 && (--scans[1], sample_exchanges(d, g, w, wide, top, 1, shift))) {
-        tried[batch_of(d, g, g->pack[top[0].theirs]) - g->first_batch] = 0;
-        exchange_samples(d, g, top[0].mine, top[0].theirs);
-        return 1;
+    if (wide > near && *wide_scans > 0) {
+        --*wide_scans;
+        if (sample_exchanges(d, g, w, wide, top, 1, shift)) {
+            tried[batch_of(d, g, g->pack[top[0].theirs]) - g->first_batch] = 0;
+            exchange_samples(d, g, top[0].mine, top[0].theirs);
+            return 1;
+        }
     }
     return 0;
 }
@@ -358,9 +364,7 @@ static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize
  * batches that cannot be fixed cost one scan each, not one per exchange elsewhere). */
 Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift) {
     const Py_ssize_t K = d->batch_packs;
-    /* the searches that look past the nearest samples (of packs, of the WIDE nearest samples): at most
-     * SCANS_PER_BATCH of each per batch of the region */
-    Py_ssize_t scans[2] = {SCANS_PER_BATCH * g->batches, SCANS_PER_BATCH * g->batches};
+    Py_ssize_t pack_scans = SCANS_PER_BATCH * g->batches, wide_scans = SCANS_PER_BATCH * g->batches;
     char *tried = calloc((size_t)g->batches, 1);
     Exchange top[MULTIPLE];
     if (tried == NULL) return 0; /* out of memory: the deal as the greedy left it */
@@ -370,7 +374,7 @@ Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, do
         for (Py_ssize_t b = 0; b < g->batches; b++)
             if (g->capacity[b] == K && !tried[b] && g->dev[b] > aim && (w < 0 || g->dev[b] > g->dev[w])) w = b;
         if (w < 0) break; /* every batch within the aim, or none that single exchanges make better */
-        const Py_ssize_t exchanges = improve(d, g, w, aim, scans, tried, top, shift);
+        const Py_ssize_t exchanges = improve(d, g, w, aim, &pack_scans, &wide_scans, tried, top, shift);
         if (exchanges > 0) {
             made += exchanges;
             round++;
