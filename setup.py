@@ -11,7 +11,11 @@ setup(
         ),
         Extension(
             "tightpack.core._global_batches",
-            sources=["src/tightpack/core/_global_batches.c", "src/tightpack/core/_batch_exchanges.c"],
+            sources=[
+                "src/tightpack/core/_global_batches.c",
+                "src/tightpack/core/_batch_exchanges.c",
+                "src/tightpack/core/_batch_order.c",
+            ],
             depends=["src/tightpack/core/_global_batches.h"],
             extra_compile_args=["-O3"],
         ),

@@ -287,6 +287,19 @@ def test_deal_batches_balances_what_the_planned_order_does_not():
         assert sorted(batch.tolist()) == list(range(8))
 
 
+def test_batches_a_dense_source_fills_are_spread_evenly_over_the_run():
+    """8 packs of one dense sample (10 each) among 120 of one light sample: no batch of 4 can hold
+    50/50, so 8 of the 32 batches hold the dense source. The batches come in the order that keeps
+    the run near the mixture the region holds: every fourth batch, not the first eight (nor eight
+    bunched anywhere)."""
+    plan = PackPlan(np.arange(128), np.arange(129))
+    source = np.repeat([0, 1], [8, 120])
+    measure = np.where(source == 0, 10.0, 1.0)
+    dealt = deal_batches(plan, np.ones(128), measure, source, np.array([0.5, 0.5]), 1, 4)
+    dense = np.flatnonzero(dealt.composition.reshape(32, 4, 2).sum(axis=1)[:, 0] > 0)
+    assert len(dense) == 8 and set(np.diff(dense).tolist()) == {4}, dense
+
+
 def test_a_source_in_fewer_packs_than_batches_is_spread_over_the_run_not_put_first():
     """Tiny samples (4-19 tokens) mixed 1:1:1 by samples with long ones pack many to a pack: their
     packs are fewer than the global batches of 4, so some batches cannot hold them. The batches that

@@ -25,7 +25,8 @@
  *      the WIDE nearest (these two searches at most SCANS_PER_BATCH times each per batch). The other batch must end closer than the worst was when it is full, and no
  *      further off than it was when it is the partial last one; no exchange brings a copy of a sample
  *      into a batch that holds one;
- *   3. the packs of each batch put in order (`order_batch`).
+ *   3. (_batch_order.c) the batches of the region put in the order that keeps the running deviation
+ *      smallest, and the packs of each batch likewise (`order_region`).
  *
  * At the end the slots of every pack (the caller's arrays, in plan order) are rewritten with the
  * samples the pack holds, and `order_out` lists the packs in the order a run reads them.
@@ -178,56 +179,6 @@ done:
     return status;
 }
 
-/* The packs of batch `b` in the order a run reads them, into `out`: each step the one (earliest in
- * planned order on a tie) that keeps smallest the largest running deviation of any source,
- * `sum(measure_s) - target_s * sum(measure)` over the batch's packs so far; so a stretch of packs that
- * straddles two batches, the end of one and the start of the next, stays near the targets too. */
-static void order_batch(const Deal *d, const Region *g, Py_ssize_t b, int64_t *out, double *running,
-                        double *scratch) {
-    const Py_ssize_t S = d->sources, K = d->batch_packs, n = g->count[b];
-    Py_ssize_t *members = g->members + b * K;
-    for (Py_ssize_t m = 1; m < n; m++) /* planned order first: the earliest wins a tie */
-        for (Py_ssize_t k = m; k > 0 && members[k - 1] > members[k]; k--) {
-            const Py_ssize_t swap = members[k];
-            members[k] = members[k - 1];
-            members[k - 1] = swap;
-        }
-    /* each member's measures and its target part (target_s * its measure), rows in member order */
-    double *measures = scratch, *parts = scratch + K * S;
-    for (Py_ssize_t m = 0; m < n; m++) {
-        const double *c = row(d, g, members[m]);
-        double weight = 0.0;
-        for (Py_ssize_t s = 0; s < S; s++) weight += c[s];
-        for (Py_ssize_t s = 0; s < S; s++) {
-            measures[m * S + s] = c[s];
-            parts[m * S + s] = d->targets[s] * weight;
-        }
-    }
-    for (Py_ssize_t s = 0; s < S; s++) running[s] = 0.0;
-    for (Py_ssize_t step = 0; step < n; step++) {
-        Py_ssize_t best = step;
-        double best_value = INFINITY;
-        for (Py_ssize_t m = step; m < n; m++) { /* members[step:] are the packs left */
-            double value = 0.0;
-            for (Py_ssize_t s = 0; s < S && value < best_value; s++) {
-                const double x = fabs(running[s] + measures[m * S + s] - parts[m * S + s]);
-                if (x > value) value = x;
-            }
-            if (value < best_value) {
-                best_value = value;
-                best = m;
-            }
-        }
-        const Py_ssize_t chosen = members[best];
-        for (Py_ssize_t s = 0; s < S; s++) running[s] += measures[best * S + s] - parts[best * S + s];
-        /* the rest keep their order */
-        memmove(members + step + 1, members + step, sizeof(Py_ssize_t) * (size_t)(best - step));
-        memmove(measures + (step + 1) * S, measures + step * S, sizeof(double) * (size_t)((best - step) * S));
-        memmove(parts + (step + 1) * S, parts + step * S, sizeof(double) * (size_t)((best - step) * S));
-        members[step] = chosen;
-        out[step] = g->first + chosen;
-    }
-}
 
 typedef struct {
     const int64_t *pack_offsets;
@@ -286,11 +237,19 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     g.members = malloc(sizeof(Py_ssize_t) * nb * (size_t)K);
     int64_t *order = malloc(sizeof(int64_t) * ni);
     double *shift = malloc(sizeof(double) * (size_t)S);
-    double *scratch = malloc(sizeof(double) * (size_t)(2 * K * S)); /* order_batch's */
+    /* order_region's: rows and a permutation of a batch's packs, the batches' order, and scratch for
+     * the packs of a batch or the batches of the region, whichever is more */
+    const size_t most = (size_t)(K > batches ? K : batches);
+    double *rows = malloc(sizeof(double) * (size_t)(K * S));
+    double *scratch = malloc(sizeof(double) * 2 * most * (size_t)S);
+    Py_ssize_t *ranks = malloc(sizeof(Py_ssize_t) * (size_t)K);
+    Py_ssize_t *batch_order = malloc(sizeof(Py_ssize_t) * nb);
+    double *shares = malloc(sizeof(double) * (size_t)S);
     Py_ssize_t made = -1;
     if (!g.length || !g.sample || !g.source || !g.copies_from || !g.copies_to || !g.measure || !g.copies ||
-        !g.pack || !g.place || !g.held_from || !g.held || !g.used || !g.sums || !g.dev || !g.total || !g.furthest || !g.count ||
-        !g.capacity || !g.members || !order || !shift || !scratch)
+        !g.pack || !g.place || !g.held_from || !g.held || !g.used || !g.sums || !g.dev || !g.total ||
+        !g.furthest || !g.count || !g.capacity || !g.members || !order || !shift || !rows || !scratch ||
+        !ranks || !batch_order || !shares)
         goto done;
     for (Py_ssize_t b = 0; b < batches; b++) g.capacity[b] = n - b * K < K ? n - b * K : K;
     /* the items, shortest first; each slot's item is its place in that order */
@@ -326,7 +285,7 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     part_copies(d, &g, shift);
     part_samples(d, &g, aim, shift);
     made = exchange_rounds(d, &g, rounds_per_batch * batches, aim, shift);
-    for (Py_ssize_t b = 0; b < batches; b++) order_batch(d, &g, b, t->order + (first_batch + b) * K, shift, scratch);
+    order_region(d, &g, t->order + first_batch * K, batch_order, rows, ranks, scratch, shift, shares);
     for (int64_t k = 0; k < items; k++) { /* every slot: the item its pack holds there */
         const int64_t i = g.held[k], slot = first_slot + k;
         t->slot_sample[slot] = g.sample[i];
@@ -338,7 +297,11 @@ done:
     free_region(&g);
     free(order);
     free(shift);
+    free(rows);
     free(scratch);
+    free(ranks);
+    free(batch_order);
+    free(shares);
     return made;
 }
 

@@ -1,7 +1,8 @@
-/* What the two halves of the global-batch deal share: the deal and a region's state, and the helpers
- * both use. _global_batches.c sets a region up, deals its packs (step 1) and orders each batch (step 3);
- * _batch_exchanges.c parts copies and makes the exchanges (step 2). The rule is in
- * tightpack/core/global_batches.py; how it runs, in _global_batches.c's opening comment. */
+/* What the three parts of the global-batch deal share: the deal and a region's state, and the helpers
+ * they use. _global_batches.c sets a region up and deals its packs (step 1); _batch_exchanges.c parts
+ * copies and makes the exchanges (step 2); _batch_order.c puts the batches and their packs in order
+ * (step 3). The rule is in tightpack/core/global_batches.py; how it runs, in _global_batches.c's
+ * opening comment. */
 #ifndef TIGHTPACK_GLOBAL_BATCHES_H
 #define TIGHTPACK_GLOBAL_BATCHES_H
 
@@ -91,5 +92,13 @@ static inline void refresh(const Deal *d, Region *g, Py_ssize_t b) {
 void part_copies(Deal *d, Region *g, double *shift);
 void part_samples(Deal *d, Region *g, double aim, double *shift);
 Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift);
+
+/* Step 3 (_batch_order.c): the region's packs into `out` [batches * batch_packs] in the order a run
+ * reads them: its batches (a partial last one last), then each batch's packs, each in the order that
+ * keeps the running deviation smallest. The rest are work arrays: `batch_order` [batches], `rows`
+ * [batch_packs * sources], `ranks` [batch_packs], `scratch` [2 * max(batch_packs, batches) * sources],
+ * `running` and `shares` [sources]. */
+void order_region(const Deal *d, Region *g, int64_t *out, Py_ssize_t *batch_order, double *rows,
+                  Py_ssize_t *ranks, double *scratch, double *running, double *shares);
 
 #endif

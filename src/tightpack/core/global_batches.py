@@ -27,10 +27,13 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    partial last one. No exchange brings a copy of a sample into a batch that
    holds one. At most ``rounds_per_batch`` rounds (a search and the exchanges it makes) per batch of
    a region; the exchanges stop when no batch above the aim can be made better.
-3. **Order**: the packs of each batch are put in the order that keeps the largest running
-   deviation of any source (its measure so far less its target share of the batch's so far) smallest,
-   the earliest planned on a tie: a stretch of packs that straddles two batches, the end of one and
-   the start of the next, then holds the targets nearly as well as a batch does.
+3. **Order**: the full batches of the region are put in the order that keeps the largest running
+   deviation of any source (its measure so far less its target share of the measure so far) smallest,
+   the earliest on a tie, the partial last batch last: a batch that holds much of a source comes
+   among ones that hold little of it, so a source that only some batches can hold is spread over the
+   run, not gathered at one end of it. The packs of each batch are put in order the same way (the
+   earliest planned on a tie): a stretch of packs that straddles two batches, the end of one and the
+   start of the next, then holds the targets nearly as well as a batch does.
 
 The worst full batch is what `tightpack.core.mixture_plan.window_deviation` counts; how close it comes
 is data-dependent (a sample whose measure is a large part of a batch's share needs samples dense in
