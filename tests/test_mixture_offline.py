@@ -311,7 +311,7 @@ def test_inspect_draws_the_batches_a_run_reads_and_its_html_holds_the_mixture_ta
     page = Page((tmp_path / "report.html").read_text(encoding="utf-8"))
     assert page.captions == [mixture_title(mixture)]
     assert f"last batch (2 of 4 packs) {off[4]:.2f} points off" in mixture_title(mixture)
-    names = [entry["name"] for entry in mixture["sources"]]
+    names = ["demo.jsonl", "long.jsonl", "short-*.jsonl"]  # the inputs' file names, not their folders
     start = page.rows.index(["source", *names])
     table = {row[0]: row[1:] for row in page.rows[start:]}
     assert page.rows[start:] == [list(row) for row in mixture_table(mixture)]
@@ -515,6 +515,41 @@ def test_a_malformed_mixture_section_is_named_not_a_traceback(mixed, tmp_path, n
     faults = [v.message for v in report.violations if v.check == "mixture"]
     assert any(message in fault for fault in faults), [str(v) for v in report.violations]
     assert set(report.counts) == {"mixture"}, [str(v) for v in report.violations]
+
+
+INSPECT_MALFORMED = [
+    (lambda m: m.update(mixture=5), "mixture is 5, not a section"),
+    (lambda m: m["mixture"].update(windows="x"), "mixture.windows is 'x', not a table"),
+    (lambda m: m["mixture"].update(sources=5), "mixture.sources is 5, not a list"),
+    (lambda m: m["mixture"]["sources"][0].update(share="x"), "mixture.sources[0].share is 'x'"),
+    (lambda m: m["mixture"]["windows"].update(worst_points=None), "mixture.windows.worst_points is None"),
+    (lambda m: m["mixture"]["window_shares"].append([1]), "mixture.window_shares is not a list of 3"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), INSPECT_MALFORMED, ids=[m for _, m in INSPECT_MALFORMED])
+def test_inspect_shows_the_rest_of_a_malformed_mixture_section_and_names_the_field(
+    mixed, tmp_path, capsys, change, message
+):
+    """``tightpack inspect`` (and its plot) on a manifest whose mixture section no run writes: the
+    summary, one warning line naming the field, no traceback, no mixture table or plot."""
+    from tightpack.cli import main
+
+    folder = tampered(mixed, tmp_path, change)
+    capsys.readouterr()
+    code = main(["inspect", str(folder), "--plot", str(tmp_path / "plot.png")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "packed dataset" in out and "source" not in out.split("packed dataset", 1)[1].split("\n", 2)[0]
+    assert err.startswith("warning: the manifest's mixture section is not shown: " + message), err
+    assert (tmp_path / "plot.png").is_file() and not (tmp_path / "plot.mixture.png").exists()
+
+
+def test_inspect_labels_the_sources_by_their_file_names():
+    from tightpack.reports.mixture import source_labels
+
+    names = ["/runs/x/data/train.jsonl", "/runs/y/data/train.jsonl", "/runs/x/long.jsonl", "short-*.jsonl"]
+    assert source_labels(names) == ["x/data/train.jsonl", "y/data/train.jsonl", "long.jsonl", "short-*.jsonl"]
 
 
 def test_changed_packs_fail_on_the_figures_they_change(mixed, tmp_path):

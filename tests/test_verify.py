@@ -169,6 +169,22 @@ def test_metadata_that_disagrees_with_the_rows(packed, tmp_path):
     assert "max_samples_per_bin" in report.violations[0].message
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("packed_sequence_size", "4096"), ("pad_seq_to_mult", "4"), ("pad_seq_to_mult", 0)]
+)
+def test_a_setting_of_the_wrong_kind_is_named_not_a_traceback(packed, tmp_path, key, value):
+    """The settings the row checks take from the manifest, edited to what no run writes: one manifest
+    fault naming it, the rows still checked."""
+    folder = copy_of(packed, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["settings"][key] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    report = verify_packed(folder)
+    assert [v.check for v in report.violations] == ["manifest"], [str(v) for v in report.violations]
+    assert report.violations[0].message.startswith(f"settings.{key} is {value!r} in the manifest, not a")
+    assert report.checked["rows"] == manifest["stats"]["packs"]
+
+
 def test_manifest_checksums_and_files(packed, tmp_path):
     folder = copy_of(packed, tmp_path)
     shutil.copy(folder / SHARD, folder / "packs-00001.idx.parquet")  # a shard left over from another run

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tightpack.cli.app import app, stdout
+from tightpack.cli.app import app, stderr, stdout
 from tightpack.cli.blend_command import TOKENS, MixBy, parse_shares
 
 
@@ -45,7 +45,7 @@ def inspect(
     """Summarize a packed dataset (ours or Megatron-Bridge's); --plot and --html draw it pack by pack."""
     from tightpack.core.cost_model import CostModel
     from tightpack.errors import TightpackError
-    from tightpack.reports.mixture import mixture_figure, mixture_table, mixture_title
+    from tightpack.reports.mixture import mixture_figure, mixture_problem, mixture_table, mixture_title
     from tightpack.reports.summary import read_pack_arrays, summarize_pack_arrays
 
     if plot is not None or html is not None:
@@ -76,6 +76,15 @@ def inspect(
         rows.append(("pack cost, coefficient of variation", f"{cost['cv']:.3f}"))
     manifest = summary.get("manifest")
     mixture = manifest.get("mixture") if manifest else None  # packed in its own order, whatever the algorithm
+    problem = mixture_problem(mixture) if mixture else None
+    if problem:  # the rest is shown; `tightpack verify` tells what changed
+        stderr.print(
+            f"warning: the manifest's mixture section is not shown: {problem} (tightpack verify "
+            f"{summary['path']} names what changed)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if manifest:
         settings = manifest["settings"]
         rows.append(
@@ -103,7 +112,7 @@ def inspect(
         settings = manifest["settings"] if manifest else {}  # no manifest: the cap is unknown
         cap = settings.get("max_seq_length") or settings.get("packed_sequence_size")  # None means P
         figures = [plots.inspect_figure(arrays, pack_size=summary["pack_size"], cap=cap, cost_model=model)]
-        if mixture:
+        if mixture and not problem:
             figures.append(mixture_figure(mixture, packs=summary["packs"], path=summary["path"]))
         if plot is not None:
             plots.save_png(figures[0], plot)
@@ -116,7 +125,7 @@ def inspect(
                 title,
                 [["packed dataset", summary["path"]], *rows],
                 figures,
-                tables=[(mixture_title(mixture), mixture_table(mixture))] if mixture else (),
+                tables=[(mixture_title(mixture), mixture_table(mixture))] if mixture and not problem else (),
             )
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -127,7 +136,7 @@ def inspect(
     for name, text in rows:
         table.add_row(name, text)
     stdout.print(table)
-    if mixture:
+    if mixture and not problem:
         header, *body = mixture_table(mixture)  # the rows of the --html report's table too
         shares = Table(title=mixture_title(mixture))
         shares.add_column(header[0], style="bold")

@@ -278,7 +278,8 @@ def _window_error(plan: MixturePlan, targets, tolerance: float, names) -> Mixtur
         f"{windows.first_pack + windows.window - 1}) holds {achieved:.1%} of {name} against a target of "
         f"{targets[windows.source]:.1%}, {_beyond(windows.points, tolerance)} points off (tolerance "
         f"{tolerance:g}): a "
-        "larger global batch, a larger pack size or less unequal samples per source bring batches closer"
+        "larger global batch (where the output holds many), a larger pack size, fewer repetitions or less "
+        "unequal samples per source bring batches closer"
     )
 
 

@@ -48,6 +48,86 @@ def mixture_rows(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
     return [(name, *(show(source) for source in mixture["sources"])) for name, show in STATISTICS]
 
 
+_NUMBERS = ("target_share", "share", "worst_window_points", "repetitions")
+_COUNTS = ("samples_packed", "sequences", "tokens", "supervised_tokens")
+_OPTIONAL_COUNTS = ("rows", "truncated_packed", "dropped")
+
+
+def mixture_problem(mixture: Any) -> str | None:
+    """What keeps ``tightpack inspect`` from showing a manifest's ``mixture`` section (the field and its
+    value), or None when every field it reads is there and of its kind.
+
+    >>> mixture_problem({"mix_by": "tokens", "sources": 5})
+    'mixture.sources is 5, not a list of sources'
+    """
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(mixture, dict):
+        return f"mixture is {mixture!r}, not a section"
+    if not isinstance(mixture.get("mix_by"), str):
+        return f"mixture.mix_by is {mixture.get('mix_by')!r}, not a measure"
+    sources = mixture.get("sources")
+    if not isinstance(sources, list) or not sources:
+        return f"mixture.sources is {sources!r}, not a list of sources"
+    for s, source in enumerate(sources):
+        field = f"mixture.sources[{s}]"
+        if not isinstance(source, dict):
+            return f"{field} is {source!r}, not a source"
+        for key, fits in (
+            [("name", lambda v: isinstance(v, str))]
+            + [(k, number) for k in _NUMBERS]
+            + [(k, count) for k in _COUNTS]
+        ):
+            if not fits(source.get(key)):
+                return f"{field}.{key} is {source.get(key)!r}"
+        for key in _OPTIONAL_COUNTS:
+            if key in source and not count(source[key]):
+                return f"{field}.{key} is {source[key]!r}"
+    windows = mixture.get("windows")
+    if not isinstance(windows, dict):
+        return f"mixture.windows is {windows!r}, not a table of the global batches"
+    for key, fits in (
+        ("window_packs", lambda v: count(v) and v > 0),
+        ("worst_points", number),
+        ("worst_first_pack", count),
+        ("last_batch_packs", lambda v: v is None or count(v)),
+        ("last_batch_points", lambda v: v is None or number(v)),
+    ):
+        if not fits(windows.get(key)):
+            return f"mixture.windows.{key} is {windows.get(key)!r}"
+    shares = mixture.get("window_shares")
+    if not isinstance(shares, list) or not all(
+        isinstance(row, list) and len(row) == len(sources) and all(number(v) for v in row) for row in shares
+    ):
+        return f"mixture.window_shares is not a list of {len(sources)} shares per global batch"
+    return None
+
+
+def source_labels(names: list[str]) -> list[str]:
+    """Short column labels for the sources' names (input paths): each file's name, or as many of its
+    last path parts as tell it from the others.
+
+    >>> source_labels(["/data/a/train.jsonl", "/data/b/train.jsonl", "/data/long.jsonl"])
+    ['a/train.jsonl', 'b/train.jsonl', 'long.jsonl']
+    """
+    parts = [str(name).split("/") for name in names]
+    labels = [p[-1] for p in parts]
+    for depth in range(2, max(len(p) for p in parts) + 1):
+        clashing = {label for label in labels if labels.count(label) > 1}
+        if not clashing:
+            break
+        labels = [
+            "/".join(p[-depth:]) if label in clashing else label
+            for p, label in zip(parts, labels, strict=True)
+        ]
+    return labels
+
+
 def mixture_table(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
     """`mixture_rows` under a header row of the sources' names: the table ``tightpack inspect`` prints
     and its ``--html`` report holds (the same rows, never computed twice).
@@ -58,7 +138,8 @@ def mixture_table(mixture: dict[str, Any]) -> list[tuple[str, ...]]:
     >>> mixture_table(mixture)[:2]
     [('source', 'a.jsonl'), ('target share', '50.00%')]
     """
-    return [("source", *(source["name"] for source in mixture["sources"])), *mixture_rows(mixture)]
+    names = source_labels([source["name"] for source in mixture["sources"]])
+    return [("source", *names), *mixture_rows(mixture)]
 
 
 def worst_batch(windows: dict[str, Any]) -> str:

@@ -87,6 +87,16 @@ def verify_packed(
         except TightpackError as error:
             manifest_fault = str(error)
     saved = (manifest or {}).get("settings", {})
+    if not isinstance(saved, dict):
+        saved, manifest_fault = {}, f"the manifest's settings are {saved!r}, not a table of settings"
+    for key in ("packed_sequence_size", "pad_seq_to_mult"):  # what the row checks take from the run
+        value = saved.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            saved = {k: v for k, v in saved.items() if k != key}
+            manifest_fault = manifest_fault or (
+                f"settings.{key} is {value!r} in the manifest, not a positive whole number: the rows are "
+                "checked without it (the manifest changed after packing)"
+            )
     settings = {
         "pack_size": pack_size or saved.get("packed_sequence_size"),
         "multiple": multiple or saved.get("pad_seq_to_mult"),
