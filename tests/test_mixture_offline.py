@@ -517,6 +517,16 @@ def test_a_malformed_mixture_section_is_named_not_a_traceback(mixed, tmp_path, n
     assert set(report.counts) == {"mixture"}, [str(v) for v in report.violations]
 
 
+def test_a_deleted_count_of_the_rows_left_out_is_named(mixed, tmp_path):
+    """The count beside a list of excluded rows, deleted while the list stays: named, with the list's
+    length (a count edited to another number was caught already)."""
+    report = verify_packed(tampered(mixed, tmp_path, lambda m: m["counts"].pop("mixture_left_out")))
+    assert set(report.counts) == {"excluded"}, [str(v) for v in report.violations]
+    assert report.violations[0].message.startswith(
+        "counts.mixture_left_out is missing, excluded.mixture_left_out lists "
+    ), report.violations[0].message
+
+
 INSPECT_MALFORMED = [
     (lambda m: m.update(mixture=5), "mixture is 5, not a section"),
     (lambda m: m["mixture"].update(windows="x"), "mixture.windows is 'x', not a table"),
