@@ -527,6 +527,22 @@ def test_a_deleted_count_of_the_rows_left_out_is_named(mixed, tmp_path):
     ), report.violations[0].message
 
 
+def test_an_unreadable_manifest_or_a_deleted_excluded_section_is_one_line_not_a_flood(mixed, tmp_path):
+    """A mixture's packs repeat samples up to its cap and leave rows out. With the manifest truncated
+    (unreadable: the cap unknown) repeats are not counted as faults; with its excluded section deleted
+    the rows it listed are one line, not one line each."""
+    truncated = tmp_path / "truncated"
+    shutil.copytree(mixed, truncated)
+    text = (truncated / MANIFEST_NAME).read_text()
+    (truncated / MANIFEST_NAME).write_text(text[: len(text) // 2])
+    report = verify_packed(truncated)
+    assert [v.check for v in report.violations] == ["manifest"], [str(v) for v in report.violations]
+
+    report = verify_packed(tampered(mixed, tmp_path / "no-excluded", lambda m: m.pop("excluded")))
+    coverage = [v.message for v in report.violations if v.check == "coverage"]
+    assert len(coverage) == 1 and "the manifest has no excluded section" in coverage[0], coverage
+
+
 INSPECT_MALFORMED = [
     (lambda m: m.update(mixture=5), "mixture is 5, not a section"),
     (lambda m: m["mixture"].update(windows="x"), "mixture.windows is 'x', not a table"),

@@ -116,6 +116,7 @@ def verify_packed(
         raise TightpackError(f"metadata file not found: {metadata}")
 
     files = packed_dataset_files(path)
+    read = manifest is not None or manifest_fault is None  # a manifest there but unreadable: False
     report = VerifyReport(str(path), settings, limit=limit)
     if manifest_fault is not None:
         report.add("manifest", manifest_fault)
@@ -127,7 +128,7 @@ def verify_packed(
         if manifest is not None:
             check_manifest_files(folder, manifest, files, report)
             check_preference_manifest(manifest, totals, report)
-        check_coverage(manifest, totals, report)
+        check_coverage(manifest, totals, report, manifest_read=read)
         if manifest is not None:
             check_excluded(manifest, totals, report)
         report.checked = {
@@ -153,7 +154,7 @@ def verify_packed(
     check_metadata(entries, settings, totals, report)
     if manifest is not None:
         check_manifest(folder, manifest, files, totals, report)
-    check_coverage(manifest, totals, report)
+    check_coverage(manifest, totals, report, manifest_read=read)
     if manifest is not None:
         check_excluded(manifest, totals, report)
     mixture_sources = check_mixture(manifest, totals, report) if manifest is not None else 0

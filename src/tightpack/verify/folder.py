@@ -106,14 +106,19 @@ def allowed_copies(manifest: dict | None) -> int | None:
     return math.ceil(cap)
 
 
-def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) -> None:
+def check_coverage(
+    manifest: dict | None, totals: Totals, report: VerifyReport, *, manifest_read: bool = True
+) -> None:
+    """Every source row packed once (or up to a mixture's cap) or accounted for in the manifest.
+    ``manifest_read``: False when a manifest is there but could not be read (a fault of its own): how
+    many copies of a sample the run allowed is then unknown, and repeats are not counted."""
     if not totals.sample_index:
         return
     indices = np.concatenate(totals.sample_index)
     rows = np.concatenate(totals.sample_rows)
     order = np.argsort(indices, kind="stable")
-    copies = allowed_copies(manifest)
-    if copies is None:  # a cap that is not a number: the mixture check names it
+    copies = allowed_copies(manifest) if manifest_read else None
+    if copies is None:  # a cap that is not a number (the mixture check names it), or no manifest read
         return
     repeated = np.flatnonzero(indices[order][copies:] == indices[order][:-copies]) + copies
     for at in repeated:
@@ -130,10 +135,12 @@ def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) 
         )
     if manifest is None:
         return
-    counts, excluded = manifest.get("counts", {}), manifest.get("excluded", {})
-    if "samples_in" not in counts:
-        return
-    accounted = np.zeros(counts["samples_in"], dtype=bool)
+    counts, excluded = manifest.get("counts"), manifest.get("excluded")
+    samples_in = counts.get("samples_in") if isinstance(counts, dict) else None
+    if isinstance(samples_in, bool) or not isinstance(samples_in, int) or samples_in < 0:
+        return  # the counts check names a count of the wrong kind
+    excluded = excluded if isinstance(excluded, dict) else {}
+    accounted = np.zeros(samples_in, dtype=bool)
     bad_rows = manifest.get("bad_rows")
     bad = (
         [row.get("sample_index") for row in bad_rows if isinstance(row, dict)]
@@ -150,5 +157,14 @@ def check_coverage(manifest: dict | None, totals: Totals, report: VerifyReport) 
     for index in outside[:5]:
         report.add("coverage", f"sample_index {index} is not a source row (the source has {len(accounted)})")
     accounted[inside] = True
-    for index in np.flatnonzero(~accounted):
+    missing = np.flatnonzero(~accounted)
+    if len(missing) > 1 and not isinstance(manifest.get("excluded"), dict):
+        report.add(
+            "coverage",
+            f"{len(missing):,} source rows (the first {missing[0]}) are neither packed nor accounted "
+            "for: the manifest has no excluded section to list the rows left out (the manifest changed "
+            "after packing)",
+        )
+        return
+    for index in missing:
         report.add("coverage", f"source row {index} is neither packed nor accounted for in the manifest")
