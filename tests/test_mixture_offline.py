@@ -501,6 +501,11 @@ MALFORMED = [
     ("source-null", lambda m: m["mixture"]["sources"].__setitem__(0, None), "mixture.sources[0] is missing"),
     ("samples-text", lambda m: m["mixture"]["sources"][0].update(samples="300"), "samples is '300' in the"),
     ("section-gone", lambda m: m.pop("mixture"), "the manifest has no mixture section, but its settings"),
+    (  # text that reads as the right number is still not what a run writes
+        "share-text",
+        lambda m: m["mixture"]["window_shares"][0].__setitem__(0, str(m["mixture"]["window_shares"][0][0])),
+        "mixture.window_shares holds no table of shares in the manifest",
+    ),
     ("section-list", lambda m: m.update(mixture=[]), "the manifest has no mixture section, but its settings"),
 ]
 """(name, an edit of the manifest no run writes, the start of what verify says): one each."""

@@ -281,9 +281,11 @@ def _compare(report: VerifyReport, field: str, said: Any, actual: Any, basis: st
 def _compare_window_shares(report: VerifyReport, said: Any, actual: list[list[float]], sources: int) -> None:
     """``window_shares``, one list of shares per window: the first window that differs is named."""
     field = "mixture.window_shares"
-    try:
+    try:  # numbers only: numpy would read the text "0.5" as the number
+        if not all(_number(share) for row in said for share in row):
+            raise TypeError
         manifest = np.asarray(said, dtype=np.float64)
-    except (TypeError, ValueError):  # ragged, or not numbers
+    except (TypeError, ValueError):  # ragged, not lists, or not numbers
         manifest = np.zeros(0)
     counted = np.asarray(actual, dtype=np.float64).reshape(-1, sources)
     if manifest.shape != counted.shape:
