@@ -87,8 +87,6 @@ def verify_packed(
         except TightpackError as error:
             manifest_fault = str(error)
     saved = (manifest or {}).get("settings", {})
-    if not isinstance(saved, dict):
-        saved, manifest_fault = {}, f"the manifest's settings are {saved!r}, not a table of settings"
     for key in ("packed_sequence_size", "pad_seq_to_mult"):  # what the row checks take from the run
         value = saved.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -42,9 +42,9 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
     """Compare the manifest's ``mixture`` figures with the rows' (``totals`` read with
     ``per_sequence``); returns the number of sources counted again (0: no mixture, or not counted)."""
     mixture = manifest.get("mixture")
-    settings = manifest.get("settings")
+    settings = manifest["settings"]  # a dict: `read_manifest` refuses a manifest without
     if not mixture:
-        if isinstance(settings, dict) and settings.get("mixture"):
+        if settings.get("mixture"):
             report.add(
                 "mixture",
                 f"the manifest has no mixture section, but its settings.mixture says a mixture run wrote "
@@ -163,10 +163,12 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
             report, f"mixture.windows.{key}", mixture["windows"].get(key), value, "the packs in order give"
         )
     _check_settings(report, mixture, figures.windows, totals.rows)
-    _check_recorded_settings(report, mixture, manifest.get("settings", {}).get("mixture"))
+    _check_recorded_settings(report, mixture, settings.get("mixture"))
     _compare_window_shares(report, mixture.get("window_shares"), figures.window_shares, len(sources))
     repeats = sum(entry["sequences"] - entry["samples_packed"] for entry in figures.sources)
-    _compare(report, "counts.mixture_repeats", manifest.get("counts", {}).get("mixture_repeats"), repeats)
+    counts = manifest.get("counts")
+    said_repeats = counts.get("mixture_repeats") if isinstance(counts, dict) else None
+    _compare(report, "counts.mixture_repeats", said_repeats, repeats)
     return len(sources)
 
 
