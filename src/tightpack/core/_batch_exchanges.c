@@ -66,6 +66,13 @@ typedef struct {
     int64_t mine, theirs; /* items (sample exchange) or packs (pack exchange) */
 } Exchange;
 
+/* How far off the other batch `b` of an exchange may end (not as far): closer than `bar` when it is
+ * full, so the worst full batch never gets worse; no further off than it is when it is the partial
+ * last one. */
+static double partner_limit(const Deal *d, const Region *g, int64_t b, double bar) {
+    return g->capacity[b] == d->batch_packs ? bar : fmax(bar, g->dev[b]);
+}
+
 /* The next sample nearest item `i`'s length `li` (the nearer of the next longer, `*up`, and the next
  * shorter, `*down`); -1 for a longer one past `longest` (it would overfill the pack of `i`), after
  * which no longer one is looked at. */
@@ -95,8 +102,7 @@ static Py_ssize_t keep_best(Exchange *top, Py_ssize_t held, Py_ssize_t most, Exc
 
 /* The value of exchanging items `i` (of batch `w`) and `j` (of batch `bb`) as the batches stand: the
  * larger of the two batches' deviations after it (the other batch's only when it is full); INFINITY
- * when it leaves `w` no closer than `bar`, or the other batch past its limit (closer than `bar` when
- * full, no further off than it is or than `bar` when the partial last one). */
+ * when it leaves `w` no closer than `bar`, or the other batch past `partner_limit`. */
 static double exchange_value(const Deal *d, const Region *g, Py_ssize_t w, int64_t bb, int64_t i, int64_t j,
                              double bar, double *shift) {
     const Py_ssize_t S = d->sources;
@@ -105,11 +111,10 @@ static double exchange_value(const Deal *d, const Region *g, Py_ssize_t w, int64
     shift[g->source[i]] -= g->measure[i];
     const double value = deviation(g->sums + w * S, shift, d->targets, S);
     if (value >= bar) return INFINITY;
-    const int full = g->capacity[bb] == d->batch_packs;
     for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
     const double new_b = deviation(g->sums + bb * S, shift, d->targets, S);
-    if (new_b >= (full ? bar : fmax(bar, g->dev[bb]))) return INFINITY;
-    return full && new_b > value ? new_b : value;
+    if (new_b >= partner_limit(d, g, bb, bar)) return INFINITY;
+    return g->capacity[bb] == d->batch_packs && new_b > value ? new_b : value;
 }
 
 /* The best `most` sample exchanges for the worst batch `w` into `top` (sorted, the best first), each
@@ -137,7 +142,7 @@ static Py_ssize_t sample_exchanges(const Deal *d, const Region *g, Py_ssize_t w,
                     continue;
                 const int64_t bb = batch_of(d, g, g->pack[j]) - g->first_batch;
                 if (bb == w || g->sample[j] == g->sample[i] || !room_for(d, g, j, li)) continue;
-                const double other = g->capacity[bb] == K ? limit : fmax(limit, g->dev[bb]);
+                const double other = partner_limit(d, g, bb, limit);
                 if (exchange_strays(g->sums + bb * S, g->total[bb], d->targets, S, g->source[j], g->measure[j],
                                     g->source[i], g->measure[i], g->furthest[bb], other))
                     continue;
@@ -172,7 +177,7 @@ static int pack_exchange(const Deal *d, const Region *g, Py_ssize_t w, int64_t o
             double value = deviation(g->sums + w * S, shift, d->targets, S);
             if (value >= bar) continue;
             const int full = g->capacity[bq] == K;
-            const double limit = full ? bar : fmax(bar, g->dev[bq]); /* a partial batch: no worse */
+            const double limit = partner_limit(d, g, bq, bar);
             for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
             if (strays(g->sums + bq * S, shift, d->targets, S, limit)) continue;
             const double new_b = deviation(g->sums + bq * S, shift, d->targets, S);

@@ -9,22 +9,23 @@
  * length order is unchanged), and the samples of about a given length lie next to each other.
  *
  *   1. greedy: the packs, largest first, each to the batch with room where it adds least to the
- *      squared share deviation plus `balance` times the squared distance from a mean batch; a batch
- *      holding a copy of one of its samples is passed over unless every batch with room does; then a
- *      pack put with a copy is exchanged with a pack of another batch where neither holds a copy
- *      (`part_copies`), and a sample still beside its copy with a sample of another batch
- *      (`part_samples`);
+ *      squared share deviation plus `balance` times the squared distance from a mean batch (the
+ *      largest FULL_SCAN_SHARE of them weighed against every batch, the others against FEW_BATCHES,
+ *      `cheapest`); a batch holding a copy of one of its samples is passed over unless every batch
+ *      with room does; then a pack put with a copy is exchanged with a pack of another batch where
+ *      neither holds a copy (`part_copies`), and a sample still beside its copy with a sample of
+ *      another batch (`part_samples`);
  *   2. exchanges (_batch_exchanges.c: `exchange_rounds`, `improve`), until every full batch is within
- *      `aim` (a fraction) or none can be made better, at most `rounds_per_batch` rounds a batch. Each round
- *      takes the worst full batch (when no exchange makes it better, the next worst above the aim,
- *      and so on) and makes the first of these that makes it better: the best MULTIPLE sample
+ *      `aim` (a fraction) or none can be made better, at most `rounds_per_batch` rounds a batch. Each
+ *      round takes the worst full batch (when no exchange makes it better, the next worst above the
+ *      aim, and so on) and makes the first of these that makes it better: the best MULTIPLE sample
  *      exchanges (a sample of it for one of the samples nearest its length in another batch, both
  *      packs within `pack_size`: NEIGHBOURS of each, fewer for a batch of many samples), best first,
  *      each made while it still makes the batch better once those before it are made; the best pack
  *      exchange with one of about PACK_CANDIDATES packs of the region; the best sample exchange among
- *      the WIDE nearest (these two searches at most SCANS_PER_BATCH times each per batch). The other batch must end closer than the worst was when it is full, and no
- *      further off than it was when it is the partial last one; no exchange brings a copy of a sample
- *      into a batch that holds one;
+ *      the WIDE nearest (these two searches at most SCANS_PER_BATCH times each per batch). The other
+ *      batch must end closer than the worst was when it is full, and no further off than it was when
+ *      it is the partial last one; no exchange brings a copy of a sample into a batch that holds one;
  *   3. (_batch_order.c) the batches of the region put in the order that keeps the running deviation
  *      smallest, and the packs of each batch likewise (`order_region`).
  *
@@ -67,7 +68,6 @@ static int counting_order(const int64_t *keys, int64_t n, int64_t *order) {
     free(starts);
     return 0;
 }
-
 
 static void place_in(const Deal *d, Region *g, int64_t p, Py_ssize_t b) {
     const Py_ssize_t S = d->sources;
@@ -178,7 +178,6 @@ done:
     free(keyed);
     return status;
 }
-
 
 typedef struct {
     const int64_t *pack_offsets;
