@@ -68,16 +68,24 @@ def fit_title(figure: Figure, text: str, fontsize: str = "medium") -> None:
     def fits(line: str) -> bool:
         return measure.get_text_width_height_descent(line, font, ismath=False)[0] <= width
 
+    def longest_head(word: str) -> int:  # the most characters of `word` that fit (at least one)
+        low, high = 1, len(word) - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(word[:middle]) else (low, middle - 1)
+        return low
+
     lines: list[str] = []
     line = ""
     for word in text.split(" "):
-        if fits(f"{line} {word}" if line else word):
-            line = f"{line} {word}" if line else word
+        joined = f"{line} {word}" if line else word
+        if fits(joined):
+            line = joined
             continue
         if line:
             lines.append(line)
         while not fits(word):  # the longest head of the word that fits, on a line of its own
-            cut = next((k for k in range(len(word) - 1, 0, -1) if fits(word[:k])), 1)
+            cut = longest_head(word)
             lines.append(word[:cut])
             word = word[cut:]
         line = word
