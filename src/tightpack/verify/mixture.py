@@ -32,6 +32,7 @@ import numpy as np
 from tightpack.core.mixture import check_weights
 from tightpack.errors import TightpackError
 from tightpack.offline.mixture_figures import packed_figures, repetitions, sample_sources
+from tightpack.verify.folder import allowed_copies
 from tightpack.verify.report import VerifyReport
 from tightpack.verify.rows import Totals
 
@@ -65,12 +66,12 @@ def check_mixture(manifest: dict, totals: Totals, report: VerifyReport) -> int:
                 f"mixture.sources[{s}] is {_show(source)} in the manifest, not a source {_CHANGED}",
             )
             return 0
-    cap = mixture.get("max_repetitions")
-    if not (_number(cap) and math.isfinite(cap) and cap >= 1):
+    if allowed_copies(manifest) is None:  # the cap the coverage check could not take
         report.add(
             "mixture",
-            f"mixture.max_repetitions is {_show(cap)} in the manifest, not a number of at least 1: how "
-            f"many copies of a sample the packs may hold cannot be checked {_CHANGED}",
+            f"mixture.max_repetitions is {_show(mixture.get('max_repetitions'))} in the manifest, not a "
+            f"number of at least 1: how many copies of a sample the packs may hold cannot be checked "
+            f"{_CHANGED}",
         )
     names = [f"mixture.sources[{s}] ({source.get('name')})" for s, source in enumerate(sources)]
     rows = [source.get("rows") for source in sources]
