@@ -50,7 +50,9 @@ planning time against packing the same selected samples unmixed (``plan_packs`` 
 ``lengths[selection.samples]``): ``plan_mixture`` and ``plan_packs`` timed best of ``--repeats``
 interleaved rounds on one core (the script re-executes itself with the BLAS thread pools at one thread;
 CPU time, wall time beside), beside the interleave and one first-fit pass over the stream (what any
-plan that follows the stream pays before it holds a single batch), and the floor: the volume and
+plan that follows the stream pays before it holds a single batch) and ``plan_mixture`` with the deal's
+exchanges off (its greedy and order alone, with the worst global batch of 64 packs it leaves), and the
+floor: the volume and
 Martello-Toth L2 lower bounds on the packs (`tightpack.core.stats.pack_stats`).
 
 Goals of issue 30, printed as ``[PASS]``/``[FAIL]`` with their figure: tightpack's whole output within 0.1
@@ -91,6 +93,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402
 
 from results import add_size_options, choose_size, table, write_result  # noqa: E402
+from tightpack.core.global_batches import deal_batches  # noqa: E402
 from tightpack.core.mixture import resolve_mixture  # noqa: E402
 from tightpack.core.mixture_plan import (  # noqa: E402
     interleave,
@@ -98,7 +101,7 @@ from tightpack.core.mixture_plan import (  # noqa: E402
     plan_mixture,
     window_deviation,
 )
-from tightpack.core.planner import plan_packs  # noqa: E402
+from tightpack.core.planner import PackPlan, plan_packs  # noqa: E402
 from tightpack.core.stats import pack_stats  # noqa: E402
 
 NAMES = ("demo chat", "long prompts", "short single-turn")
@@ -427,6 +430,7 @@ def run_config(data: Sources, pack_size: int, args) -> dict:
         ),
         "plan_packs": lambda: plan_packs(lengths, pack_size, algorithm="bfd"),
         "stream_first_fit": lambda: stream_first_fit(selection, data, pack_size, args.seed),
+        "greedy_deal": lambda: greedy_deal(selection, data, pack_size, args.seed),
     }
     planned, cpu, wall = best_of(runners, args.repeats)
     mixed, unmixed = planned["plan_mixture"], planned["plan_packs"]
@@ -496,6 +500,11 @@ def run_config(data: Sources, pack_size: int, args) -> dict:
         "plan_packs_ms": 1e3 * cpu["plan_packs"],
         "stream_first_fit_ms": 1e3 * cpu["stream_first_fit"],
         "stream_first_fit_ratio": cpu["stream_first_fit"] / cpu["plan_packs"],
+        "greedy_deal_ms": 1e3 * cpu["greedy_deal"],
+        "greedy_deal_ratio": cpu["greedy_deal"] / cpu["plan_packs"],
+        "greedy_deal_points": window_deviation(
+            planned["greedy_deal"].composition, targets, GOAL_WINDOW_PACKS
+        ).points,
         "time_ratio": cpu["plan_mixture"] / cpu["plan_packs"],
         "plan_mixture_wall_ms": 1e3 * wall["plan_mixture"],
         "plan_packs_wall_ms": 1e3 * wall["plan_packs"],
@@ -523,6 +532,17 @@ def stream_first_fit(selection, data: Sources, pack_size: int, seed: int):
     measure = data.supervised[selection.samples].astype(np.float64)
     stream = interleave(measure, selection.source, selection.repetition, selection.targets, seed)
     return plan_packs(data.real[selection.samples[stream]], pack_size, algorithm="first_fit")
+
+
+def greedy_deal(selection, data: Sources, pack_size: int, seed: int):
+    """A reference for the time of the deal's least part, not a method: ``plan_mixture`` with the deal's
+    exchanges off (its greedy and order alone), for the global batches of `GOAL_WINDOW_PACKS` packs."""
+    packed = pack_mixture(selection, data.real, data.supervised, pack_size, seed=seed)
+    plan = PackPlan(order=selection.samples[packed.order], offsets=packed.offsets)
+    return deal_batches(
+        plan, data.real[plan.order], data.supervised[plan.order], selection.source[packed.order],
+        selection.targets, pack_size, GOAL_WINDOW_PACKS, rounds_per_batch=0,
+    )  # fmt: skip
 
 
 def lumps(selection, data: Sources, targets: np.ndarray, packs: int) -> list[float]:
@@ -667,21 +687,24 @@ def tables(configs: list[dict], sources: list[dict]) -> dict:
                 f["fill_gap_points"],
                 f["plan_mixture_ms"], f["pack_mixture_ms"], f["plan_packs_ms"], f["time_ratio"],
                 f["time_ratio_wall"], f["stream_first_fit_ms"], f["stream_first_fit_ratio"],
-                f["resolve_mixture_ms"],
+                f["greedy_deal_ms"], f["greedy_deal_ratio"], f["greedy_deal_points"], f["resolve_mixture_ms"],
             ]
         )  # fmt: skip
     out["fill_time"] = table(
         ["pack size", "samples", "packs (mixture)", "packs (unmixed bfd)", "floor (volume)", "floor (L2)",
          "fill % (mixture)", "fill % (unmixed)", "fill % at floor", "fill gap (points)",
          "plan_mixture ms", "of which packing (pack_mixture) ms", "plan_packs ms", "time ratio",
-         "time ratio (wall)", "interleave + first fit ms", "its ratio", "resolve_mixture ms"],
+         "time ratio (wall)", "interleave + first fit ms", "its ratio", "no exchanges ms", "its ratio",
+         "no exchanges: worst global batch of 64 packs (points)", "resolve_mixture ms"],
         rows,
         "tightpack's mixture against the same selected samples packed unmixed (plan_packs, best-fit "
         "decreasing), and the floor (lower bounds on the packs of these samples); planning time on one "
         "core, CPU, best of the rounds (pack_mixture: the interleave and the packing in chunks, "
         "plan_mixture's first two steps; the rest is the deal into global batches; interleave + first "
         "fit: the interleave and one first-fit pass over the stream, what any plan that follows the "
-        "stream pays before holding a single batch); goals: fill within 0.2 points, time within 1.5x",
+        "stream pays before holding a single batch; no exchanges: plan_mixture with the deal's exchanges "
+        "off, its greedy and order alone, and the worst global batch it leaves); goals: fill within 0.2 "
+        "points, time within 1.5x",
     )  # fmt: skip
     rows = [
         [c["pack_size"], *c["left_out_longer_than_pack"], *c["repetitions"],
@@ -767,7 +790,9 @@ def print_config(config: dict) -> None:
         f"{f['pack_mixture_ms']:.2f} ms, the rest the deal), plan_packs "
         f"{f['plan_packs_ms']:.2f} ms, ratio {f['time_ratio']:.2f} (wall {f['time_ratio_wall']:.2f}); "
         f"interleave + first fit of the stream {f['stream_first_fit_ms']:.2f} ms "
-        f"({f['stream_first_fit_ratio']:.2f}x); resolve_mixture {f['resolve_mixture_ms']:.2f} ms"
+        f"({f['stream_first_fit_ratio']:.2f}x); without the deal's exchanges {f['greedy_deal_ms']:.2f} ms "
+        f"({f['greedy_deal_ratio']:.2f}x, worst batch of {GOAL_WINDOW_PACKS} packs "
+        f"{f['greedy_deal_points']:.2f} points); resolve_mixture {f['resolve_mixture_ms']:.2f} ms"
     )
     for goal in config["goals"]:
         print(f"  [{'PASS' if goal['passed'] else 'FAIL'}] {goal['goal']}: {goal['figure']:.3f}")

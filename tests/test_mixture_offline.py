@@ -96,6 +96,7 @@ def test_the_packed_rows_hold_the_weights_and_the_manifest_counts_them(sources, 
     assert report["windows"]["worst_points"] == pytest.approx(
         window_deviation(composition, np.array([0.5, 0.3, 0.2]), 4).points
     )
+    assert "algorithm" not in manifest["settings"]  # the mixture's own order made the packs, not bfd
     counts = manifest["counts"]
     assert counts["packed"] == len(source) and counts["supervised_packed"] == int(supervised.sum())
     assert counts["mixture_repeats"] == len(rows) - len(set(rows.tolist()))

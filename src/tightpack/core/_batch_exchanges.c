@@ -239,16 +239,34 @@ static void exchange_packs(Deal *d, Region *g, Py_ssize_t w, int64_t p, int64_t 
     refresh(d, g, bq);
 }
 
+/* 1 when the copies of item `i`'s sample other than `i` lie in every batch of the region: no batch
+ * could take `i` without a copy (a sample repeated more often than there are batches). `seen`
+ * [batches] holds no `i + 1` before the call, and after it, at the batches that hold such a copy. */
+static int copies_everywhere(const Deal *d, const Region *g, int64_t i, int64_t *seen) {
+    Py_ssize_t batches = 0;
+    for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+        const int64_t o = g->copies[k], b = batch_of(d, g, g->pack[o]) - g->first_batch;
+        if (o != i && seen[b] != i + 1) {
+            seen[b] = i + 1;
+            batches++;
+        }
+    }
+    return batches == g->batches;
+}
+
 /* Samples still beside a copy of themselves in their batch (where the greedy had to put a pack with a
  * copy and no pack exchange parted them), each exchanged with a sample of the same source and about
  * its length in another batch (both packs within the pack size) that holds no copy of it and whose
  * own sample has none in this batch: one of the same measure when there is one (the shares do not
- * move), else one that leaves neither batch further off than it was or than `aim`. */
-void part_samples(Deal *d, Region *g, double aim, double *shift) {
+ * move), else one that leaves neither batch further off than it was or than `aim`. Returns -1 when
+ * out of memory. */
+int part_samples(Deal *d, Region *g, double aim, double *shift) {
     const Py_ssize_t S = d->sources;
+    int64_t *seen = calloc((size_t)g->batches, sizeof(int64_t));
+    if (seen == NULL) return -1;
     for (int64_t i = 0; i < g->items; i++) {
         const int64_t bi = batch_of(d, g, g->pack[i]);
-        if (!copy_in_batch(d, g, i, bi, -1)) continue;
+        if (!copy_in_batch(d, g, i, bi, -1) || copies_everywhere(d, g, i, seen)) continue;
         const int64_t a = g->pack[i], free_a = d->pack_size - g->used[a], li = g->length[i];
         int64_t chosen = -1;
         for (int same_measure = 1; same_measure >= 0 && chosen < 0; same_measure--) {
@@ -258,7 +276,9 @@ void part_samples(Deal *d, Region *g, double aim, double *shift) {
                 const int64_t j = next_nearest(g, &up, &down, li, li + free_a);
                 if (j < 0) continue;
                 const int64_t bj = batch_of(d, g, g->pack[j]);
-                if (bj == bi || g->source[j] != g->source[i] || g->sample[j] == g->sample[i] || !room_for(d, g, j, li))
+                /* `bi` and every other batch holding a copy of i's sample are `seen` */
+                if (seen[bj - g->first_batch] == i + 1 || g->source[j] != g->source[i] || g->sample[j] == g->sample[i] ||
+                    !room_for(d, g, j, li))
                     continue;
                 if (same_measure ? g->measure[j] != g->measure[i] : g->measure[j] == g->measure[i]) continue;
                 if (!same_measure) {
@@ -269,12 +289,14 @@ void part_samples(Deal *d, Region *g, double aim, double *shift) {
                     shift[s] = -shift[s];
                     if (deviation(g->sums + rj * S, shift, d->targets, S) > fmax(g->dev[rj], aim)) continue;
                 }
-                if (copy_in_batch(d, g, j, bi, -1) || copy_in_batch(d, g, i, bj, -1)) continue;
+                if (copy_in_batch(d, g, j, bi, -1)) continue;
                 chosen = j;
             }
         }
         if (chosen >= 0) exchange_samples(d, g, i, chosen);
     }
+    free(seen);
+    return 0;
 }
 
 /* Packs the greedy put with a copy of one of their samples, each exchanged with the pack of another

@@ -282,7 +282,7 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     if (greedy(d, &g, balance) != 0) goto done;
     for (Py_ssize_t b = 0; b < batches; b++) refresh(d, &g, b);
     part_copies(d, &g, shift);
-    part_samples(d, &g, aim, shift);
+    if (part_samples(d, &g, aim, shift) != 0) goto done;
     made = exchange_rounds(d, &g, rounds_per_batch * batches, aim, shift);
     order_region(d, &g, t->order + first_batch * K, batch_order, rows, ranks, scratch, shift, shares);
     for (int64_t k = 0; k < items; k++) { /* every slot: the item its pack holds there */

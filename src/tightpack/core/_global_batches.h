@@ -88,9 +88,9 @@ static inline void refresh(const Deal *d, Region *g, Py_ssize_t b) {
     g->furthest[b] = worst;
 }
 
-/* Step 2 (_batch_exchanges.c). Each returns early, leaving the deal as it stands, when out of memory. */
+/* Step 2 (_batch_exchanges.c). part_samples returns -1 when out of memory. */
 void part_copies(Deal *d, Region *g, double *shift);
-void part_samples(Deal *d, Region *g, double aim, double *shift);
+int part_samples(Deal *d, Region *g, double aim, double *shift);
 Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift);
 
 /* Step 3 (_batch_order.c): the region's packs into `out` [batches * batch_packs] in the order a run

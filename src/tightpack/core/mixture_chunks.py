@@ -106,7 +106,9 @@ def _pack_chunk(entries: np.ndarray, lengths: np.ndarray, pack_size: int) -> tup
     # the large ones longest first, then the small ones in stream order
     mixed = stable_order(np.where(small, pack_size + 1, pack_size - lengths))
     plan = plan_packs(lengths[mixed], pack_size, algorithm="first_fit")
-    if small.any():
+    # no packing needs fewer packs than its tokens fill, nor than it has samples over half a pack
+    floor = max(-(-int(lengths.sum()) // pack_size), int(np.count_nonzero(2 * lengths > pack_size)))
+    if small.any() and floor < min(len(plan) - 1, len(plan) * (1 - SORTED_SAVES)):
         decreasing = stable_order(pack_size - lengths)
         tighter = plan_packs(lengths[decreasing], pack_size, algorithm="first_fit")
         if len(tighter) < min(len(plan) - 1, len(plan) * (1 - SORTED_SAVES)):

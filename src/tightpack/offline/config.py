@@ -260,6 +260,8 @@ class PackConfig:
             values.pop("preference_layout")
         if self.mixture is None:  # nor do manifests of runs without a mixture
             values.pop("mixture")
+        else:  # a mixture packs in its own order: no algorithm of `plan_packs` made the packs
+            values.pop("algorithm")
         values.update(
             pad_seq_to_mult=self.multiple, max_seq_length=self.max_seq_length or self.packed_sequence_size
         )
