@@ -210,6 +210,19 @@ def test_manifest_checksums_and_files(packed, tmp_path):
     assert report.checked["unreadable_rows"] > 0
 
 
+@pytest.mark.parametrize(("key", "state"), [("stats", "missing"), ("counts", "a list, not an object")])
+def test_a_deleted_or_replaced_manifest_section_is_named(packed, tmp_path, key, state):
+    def change(manifest):
+        if state == "missing":
+            del manifest[key]
+        else:
+            manifest[key] = []
+
+    report = verify_packed(with_manifest(packed, tmp_path, change))
+    messages = [v.message for v in report.violations if v.check == "manifest"]
+    assert any(f"the manifest's {key} section is {state}" in m for m in messages), report.to_dict()
+
+
 def test_coverage_duplicates_and_missing_samples(packed, tmp_path):
     folder = copy_of(packed, tmp_path)
 

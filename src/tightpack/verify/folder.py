@@ -53,7 +53,7 @@ def check_manifest(
     folder: Path, manifest: dict, files: list[str], totals: Totals, report: VerifyReport
 ) -> None:
     check_manifest_files(folder, manifest, files, report)
-    stats, counts = manifest.get("stats", {}), manifest.get("counts", {})
+    stats, counts = (_section(manifest, key, report) for key in ("stats", "counts"))
     for said, actual, what in (
         (stats.get("packs"), totals.rows, "packs"),
         (counts.get("packed"), totals.sequences, "packed sequences"),
@@ -62,6 +62,21 @@ def check_manifest(
     ):
         if said is not None and said != actual:
             report.add("manifest", f"the manifest counts {said} {what}, the rows hold {actual}")
+
+
+def _section(manifest: dict, key: str, report: VerifyReport) -> dict:
+    """``manifest[key]``, or {} with a violation when it is missing or not an object (its figures would
+    go unchecked)."""
+    section = manifest.get(key)
+    if isinstance(section, dict):
+        return section
+    state = "missing" if section is None else f"a {type(section).__name__}, not an object"
+    report.add(
+        "manifest",
+        f"the manifest's {key} section is {state}: its figures cannot be checked against the rows "
+        "(restore the manifest the run wrote, or pack again)",
+    )
+    return {}
 
 
 def check_manifest_files(folder: Path, manifest: dict, files: list[str], report: VerifyReport) -> None:
