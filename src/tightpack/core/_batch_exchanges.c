@@ -21,6 +21,12 @@
  * are: measured on the benchmark's mixture, 1 (a scan an exchange) takes 2.5x the time of 32 at 8k,
  * 64 no less than 32; the batches reach the aim alike. */
 #define MULTIPLE 32
+/* A round of sample exchanges that brings the batch less than 1/PROGRESS of its way to the aim has
+ * stalled: the pack and wide searches follow, and when they find nothing the batch waits until
+ * another batch's exchange changes it. On 40 random mixtures, batches of thousands of tiny samples
+ * took 5 s for 3,763 packs, 2,000 rounds of 0.0005 points each; now 1.9 s, and the 40 worst batches
+ * sum to 39.4 points, not 39.8. */
+#define PROGRESS 256
 #define PART_NEIGHBOURS 4096 /* samples nearest in length looked at to part a sample from its copy */
 
 /* 1 when `sums` + `shift` strays `bar` or further from a target in some source: no division, and it
@@ -299,33 +305,60 @@ int part_samples(Deal *d, Region *g, double aim, double *shift) {
     return 0;
 }
 
+/* Adds `step` to `in_batch[b]` and `in_pack[q]` for every copy of one of pack `p`'s samples in
+ * another pack `q` of batch `b`. */
+static void count_copies(const Deal *d, const Region *g, int64_t p, int64_t *in_batch, int64_t *in_pack,
+                         int64_t step) {
+    for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++) {
+        const int64_t i = g->held[e];
+        for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+            const int64_t q = g->pack[g->copies[k]];
+            if (q == p) continue;
+            in_batch[batch_of(d, g, q) - g->first_batch] += step;
+            in_pack[q] += step;
+        }
+    }
+}
+
 /* Packs the greedy put with a copy of one of their samples, each exchanged with the pack of another
  * batch that leaves neither batch holding a sample twice and the larger deviation of the two smallest
- * (none: it stays). */
-void part_copies(Deal *d, Region *g, double *shift) {
+ * (none: it stays). Returns -1 when out of memory. */
+int part_copies(Deal *d, Region *g, double *shift) {
     const Py_ssize_t S = d->sources, K = d->batch_packs;
+    /* the copies of the parted pack's samples in each batch and each pack (outside it): pack `q` of
+     * batch `b` may take its place when all those of `b` are in `q` */
+    int64_t *in_batch = calloc((size_t)g->batches, sizeof(int64_t));
+    int64_t *in_pack = calloc((size_t)g->packs, sizeof(int64_t));
+    if (in_batch == NULL || in_pack == NULL) {
+        free(in_batch);
+        free(in_pack);
+        return -1;
+    }
     for (int64_t p = 0; p < g->packs; p++) {
         const int64_t bp = batch_of(d, g, p) - g->first_batch;
         if (!pack_meets_copy(d, g, p, g->first_batch + bp, -1)) continue;
+        count_copies(d, g, p, in_batch, in_pack, 1);
         double best = INFINITY;
         int64_t partner = -1;
         for (int64_t q = 0; q < g->packs; q++) {
             const int64_t bq = batch_of(d, g, q) - g->first_batch;
-            if (bq == bp) continue;
+            if (bq == bp || in_batch[bq] > in_pack[q]) continue;
             for (Py_ssize_t s = 0; s < S; s++) shift[s] = row(d, g, q)[s] - row(d, g, p)[s];
             double value = g->capacity[bp] == K ? deviation(g->sums + bp * S, shift, d->targets, S) : 0.0;
             if (value >= best) continue;
             for (Py_ssize_t s = 0; s < S; s++) shift[s] = -shift[s];
             const double other = g->capacity[bq] == K ? deviation(g->sums + bq * S, shift, d->targets, S) : 0.0;
             if (other > value) value = other;
-            if (value >= best) continue;
-            if (pack_meets_copy(d, g, p, g->first_batch + bq, q) || pack_meets_copy(d, g, q, g->first_batch + bp, p))
-                continue;
+            if (value >= best || pack_meets_copy(d, g, q, g->first_batch + bp, p)) continue;
             best = value;
             partner = q;
         }
+        count_copies(d, g, p, in_batch, in_pack, -1); /* before the exchange moves the batches */
         if (partner >= 0) exchange_packs(d, g, bp, p, partner);
     }
+    free(in_batch);
+    free(in_pack);
+    return 0;
 }
 
 /* The samples of batch `b`'s packs. */
@@ -340,15 +373,18 @@ static int64_t items_of(const Region *g, Py_ssize_t b, Py_ssize_t K) {
 
 /* Exchanges that make batch `w` better (_global_batches.c's opening comment): of the best MULTIPLE
  * sample exchanges among the nearest in length, each that still makes it better once those before it
- * are made; when there is none, the best pack exchange; when there is none either, the best sample
- * exchange among the WIDE nearest. Returns the exchanges made; `tried` of every other batch they
- * change is cleared. */
+ * are made; when there is none, or they stall (PROGRESS), the best pack exchange; when there is none
+ * either, the best sample exchange among the WIDE nearest. Returns the exchanges made, `*stuck` set
+ * when the batch stalled and neither search helped; `tried` of every other batch they change is
+ * cleared. */
 static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize_t *pack_scans,
-                          Py_ssize_t *wide_scans, char *tried, Exchange *top, double *shift) {
+                          Py_ssize_t *wide_scans, char *tried, Exchange *top, double *shift, int *stuck) {
     const Py_ssize_t K = d->batch_packs;
     const int64_t items = items_of(g, w, K) + 1;
     const Py_ssize_t near = NEIGHBOURS < SCAN_BUDGET / items ? NEIGHBOURS : (SCAN_BUDGET / items > 4 ? SCAN_BUDGET / items : 4);
     const Py_ssize_t wide = WIDE < WIDE_BUDGET / items ? WIDE : (WIDE_BUDGET / items > near ? WIDE_BUDGET / items : near);
+    const double before = g->dev[w];
+    *stuck = 0;
     Py_ssize_t found = sample_exchanges(d, g, w, near, top, MULTIPLE, shift), made = 0;
     for (Py_ssize_t k = 0; k < found && g->dev[w] > aim; k++) {
         const int64_t i = top[k].mine, j = top[k].theirs;
@@ -364,14 +400,14 @@ static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize
         tried[bb] = 0;
         made++;
     }
-    if (made) return made;
+    if (made && (before - g->dev[w]) * PROGRESS >= before - aim) return made;
     if (*pack_scans > 0) {
         Exchange best;
         --*pack_scans;
         if (pack_exchange(d, g, w, *pack_scans, &best, shift)) {
             tried[batch_of(d, g, best.theirs) - g->first_batch] = 0;
             exchange_packs(d, g, w, best.mine, best.theirs);
-            return 1;
+            return made + 1;
         }
     }
     if (wide > near && *wide_scans > 0) {
@@ -379,10 +415,11 @@ static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize
         if (sample_exchanges(d, g, w, wide, top, 1, shift)) {
             tried[batch_of(d, g, g->pack[top[0].theirs]) - g->first_batch] = 0;
             exchange_samples(d, g, top[0].mine, top[0].theirs);
-            return 1;
+            return made + 1;
         }
     }
-    return 0;
+    *stuck = 1;
+    return made;
 }
 
 /* Step 2: returns the exchanges made. Each round works on the worst full batch; when no exchange
@@ -401,13 +438,11 @@ Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, do
         for (Py_ssize_t b = 0; b < g->batches; b++)
             if (g->capacity[b] == K && !tried[b] && g->dev[b] > aim && (w < 0 || g->dev[b] > g->dev[w])) w = b;
         if (w < 0) break; /* every batch within the aim, or none that single exchanges make better */
-        const Py_ssize_t exchanges = improve(d, g, w, aim, &pack_scans, &wide_scans, tried, top, shift);
-        if (exchanges > 0) {
-            made += exchanges;
-            round++;
-        } else {
-            tried[w] = 1;
-        }
+        int stuck;
+        const Py_ssize_t exchanges = improve(d, g, w, aim, &pack_scans, &wide_scans, tried, top, shift, &stuck);
+        made += exchanges;
+        round += exchanges > 0;
+        if (stuck) tried[w] = 1;
     }
     free(tried);
     return made;

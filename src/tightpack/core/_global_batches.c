@@ -21,7 +21,8 @@
  *      aim, and so on) and makes the first of these that makes it better: the best MULTIPLE sample
  *      exchanges (a sample of it for one of the samples nearest its length in another batch, both
  *      packs within `pack_size`: NEIGHBOURS of each, fewer for a batch of many samples), best first,
- *      each made while it still makes the batch better once those before it are made; the best pack
+ *      each made while it still makes the batch better once those before it are made; when there
+ *      is none or they stall (less than 1/PROGRESS of the way to the aim), the best pack
  *      exchange with one of about PACK_CANDIDATES packs of the region; the best sample exchange among
  *      the WIDE nearest (these two searches at most SCANS_PER_BATCH times each per batch). The other
  *      batch must end closer than the worst was when it is full, and no further off than it was when
@@ -78,12 +79,12 @@ static void place_in(const Deal *d, Region *g, int64_t p, Py_ssize_t b) {
 
 /* The batch of the region `g` (of `B`, numbered from 0) where pack `p` costs least among `span`
  * batches from `start` (wrapping round), passing over full batches (`closed`: INFINITY) and those
- * holding a copy of one of its samples; when every one weighed is full or holds a copy, -1, or for a
- * span of every batch the cheapest with room. A batch's cost, less what is the same for every batch:
- * sum_s step_s off_sb + scaled_s rel_sb. */
-static Py_ssize_t cheapest(const Deal *d, const Region *g, int64_t p, double *cost, const double *closed,
-                           const double *step, const double *scaled, const double *off, const double *rel,
-                           Py_ssize_t start, Py_ssize_t span) {
+ * holding a copy of one of its samples (`holds_copy[b] == mark`); when every one weighed is full or
+ * holds a copy, -1, or for a span of every batch the cheapest with room. A batch's cost, less what is
+ * the same for every batch: sum_s step_s off_sb + scaled_s rel_sb. */
+static Py_ssize_t cheapest(const Deal *d, const Region *g, double *cost, const double *closed, const double *step,
+                           const double *scaled, const double *off, const double *rel, const int64_t *holds_copy,
+                           int64_t mark, Py_ssize_t start, Py_ssize_t span) {
     const Py_ssize_t S = d->sources, B = g->batches;
     const Py_ssize_t ranges[2][2] = {{start, start + span < B ? start + span : B},
                                      {0, start + span > B ? start + span - B : 0}};
@@ -95,16 +96,26 @@ static Py_ssize_t cheapest(const Deal *d, const Region *g, int64_t p, double *co
             for (Py_ssize_t b = from; b < to; b++) cost[b] += step[s] * o[b] + scaled[s] * q[b];
         }
     }
-    Py_ssize_t fallback = -1;
-    for (;;) { /* the cheapest that holds no copy of the pack's samples */
-        Py_ssize_t pick = -1;
-        for (int r = 0; r < 2; r++)
-            for (Py_ssize_t b = ranges[r][0]; b < ranges[r][1]; b++)
-                if (cost[b] < INFINITY && (pick < 0 || cost[b] < cost[pick])) pick = b;
-        if (pick < 0) return span == B ? fallback : -1; /* each holds a copy: the cheapest, of all */
-        if (fallback < 0) fallback = pick;
-        if (!pack_meets_copy(d, g, p, g->first_batch + pick, -1)) return pick;
-        cost[pick] = INFINITY;
+    Py_ssize_t pick = -1, fallback = -1; /* the cheapest holding no copy; the cheapest of all */
+    for (int r = 0; r < 2; r++)
+        for (Py_ssize_t b = ranges[r][0]; b < ranges[r][1]; b++) {
+            if (!(cost[b] < INFINITY)) continue;
+            if (fallback < 0 || cost[b] < cost[fallback]) fallback = b;
+            if (holds_copy[b] != mark && (pick < 0 || cost[b] < cost[pick])) pick = b;
+        }
+    if (pick >= 0) return pick;
+    return span == B ? fallback : -1; /* each holds a copy: the cheapest, of all */
+}
+
+/* Marks `holds_copy[b] = mark` at every batch `b` of the region that holds a copy of one of pack `p`'s
+ * samples in another pack (one pass over their copies, not one per batch weighed). */
+static void mark_copies(const Deal *d, const Region *g, int64_t p, int64_t *holds_copy, int64_t mark) {
+    for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++) {
+        const int64_t i = g->held[e];
+        for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+            const int64_t q = g->pack[g->copies[k]];
+            if (q != p && batch_of(d, g, q) >= 0) holds_copy[batch_of(d, g, q) - g->first_batch] = mark;
+        }
     }
 }
 
@@ -120,8 +131,9 @@ static int greedy(Deal *d, Region *g, double balance) {
     double *closed = calloc((size_t)B, sizeof(double)); /* INFINITY once a batch is full */
     double *step = malloc(sizeof(double) * (size_t)S), *scaled = malloc(sizeof(double) * (size_t)S);
     Keyed *keyed = malloc(sizeof(Keyed) * (size_t)n);
+    int64_t *holds_copy = calloc((size_t)B, sizeof(int64_t)); /* k + 1: holds a copy of the k-th pack's */
     int status = -1;
-    if (!mean || !off || !rel || !cost || !closed || !step || !scaled || !keyed) goto done;
+    if (!mean || !off || !rel || !cost || !closed || !step || !scaled || !keyed || !holds_copy) goto done;
     for (int64_t p = 0; p < n; p++)
         for (Py_ssize_t s = 0; s < S; s++) mean[s] += row(d, g, p)[s];
     double total = 0.0;
@@ -152,10 +164,11 @@ static int greedy(Deal *d, Region *g, double balance) {
          * region), every batch for the largest packs, FEW_BATCHES for the others */
         const Py_ssize_t start = (Py_ssize_t)fmod((double)k * 0.6180339887498949 * (double)B, (double)B);
         Py_ssize_t chosen = -1;
+        mark_copies(d, g, p, holds_copy, k + 1);
         if (k >= every && FEW_BATCHES < B)
-            chosen = cheapest(d, g, p, cost, closed, step, scaled, off, rel, start, FEW_BATCHES);
+            chosen = cheapest(d, g, cost, closed, step, scaled, off, rel, holds_copy, k + 1, start, FEW_BATCHES);
         if (chosen < 0) /* a large pack, or every one of the few full or holding a copy */
-            chosen = cheapest(d, g, p, cost, closed, step, scaled, off, rel, start, B);
+            chosen = cheapest(d, g, cost, closed, step, scaled, off, rel, holds_copy, k + 1, start, B);
         place_in(d, g, p, chosen);
         if (g->count[chosen] == g->capacity[chosen]) closed[chosen] = INFINITY;
         const double *sum = g->sums + chosen * S;
@@ -176,6 +189,7 @@ done:
     free(step);
     free(scaled);
     free(keyed);
+    free(holds_copy);
     return status;
 }
 
@@ -281,8 +295,7 @@ static Py_ssize_t deal_region(Deal *d, Slots *t, Py_ssize_t first, Py_ssize_t st
     }
     if (greedy(d, &g, balance) != 0) goto done;
     for (Py_ssize_t b = 0; b < batches; b++) refresh(d, &g, b);
-    part_copies(d, &g, shift);
-    if (part_samples(d, &g, aim, shift) != 0) goto done;
+    if (part_copies(d, &g, shift) != 0 || part_samples(d, &g, aim, shift) != 0) goto done;
     made = exchange_rounds(d, &g, rounds_per_batch * batches, aim, shift);
     order_region(d, &g, t->order + first_batch * K, batch_order, rows, ranks, scratch, shift, shares);
     for (int64_t k = 0; k < items; k++) { /* every slot: the item its pack holds there */

@@ -88,8 +88,8 @@ static inline void refresh(const Deal *d, Region *g, Py_ssize_t b) {
     g->furthest[b] = worst;
 }
 
-/* Step 2 (_batch_exchanges.c). part_samples returns -1 when out of memory. */
-void part_copies(Deal *d, Region *g, double *shift);
+/* Step 2 (_batch_exchanges.c). part_copies and part_samples return -1 when out of memory. */
+int part_copies(Deal *d, Region *g, double *shift);
 int part_samples(Deal *d, Region *g, double aim, double *shift);
 Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift);
 

@@ -24,8 +24,10 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    searches at most twice each per batch of the region). "Best" leaves the larger of the two
    batches' deviations smallest. The other batch must end closer than the one being fixed was when it
    is full (so the worst full batch never gets worse), and no further off than it was when it is the
-   partial last one. No exchange brings a copy of a sample into a batch that
-   holds one. At most ``rounds_per_batch`` rounds (a search and the exchanges it makes) per batch of
+   partial last one. No exchange brings a copy of a sample into a batch that holds one. Sample
+   exchanges that bring the batch less than 1/256 of its way to the aim count as stalled: the pack
+   and wide searches follow, and a batch none of them helps waits until another batch's exchange
+   changes it. At most ``rounds_per_batch`` rounds (a search and the exchanges it makes) per batch of
    a region; the exchanges stop when no batch above the aim can be made better.
 3. **Order**: the full batches of the region are put in the order that keeps the largest running
    deviation of any source (its measure so far less its target share of the measure so far) smallest,
