@@ -6,7 +6,8 @@ setup(
     ext_modules=[
         Extension(
             "tightpack.core._firstfit",
-            sources=["src/tightpack/core/_firstfit.c"],
+            sources=["src/tightpack/core/_firstfit.c", "src/tightpack/core/_first_fit_apart.c"],
+            depends=["src/tightpack/core/_firstfit.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(

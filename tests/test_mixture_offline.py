@@ -263,6 +263,40 @@ def test_the_command_line_mixes_reports_and_refuses_with_one_line(sources, tmp_p
         assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
 
 
+def test_the_summary_counts_truncation_before_the_mixture_and_among_its_packs(
+    sources, tmp_path, capsys, monkeypatch
+):
+    """A mixture truncates every sample before it chooses some: the summary lists those apart, and
+    under ``packed`` only the truncated samples the mixture packed (the manifest's per-source
+    ``truncated_packed``), not every truncated sample read."""
+    from tightpack.cli import main
+
+    from .test_cli import summary_value
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    args = [
+        "pack",
+        *map(str, sources[:2]),
+        "-o",
+        "out",
+        "--pack-size",
+        "256",
+        "--weights",
+        "1,1",
+        "--mix-packs",
+        "4",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    packed_truncated = sum(source["truncated_packed"] for source in manifest["mixture"]["sources"])
+    read = summary_value(out, "truncated (before the mixture chose)")
+    assert read == f"{manifest['counts']['truncated']:,}"
+    assert summary_value(out, "  of which truncated samples") == f"{packed_truncated:,}"
+    assert 0 < packed_truncated < manifest["counts"]["truncated"]  # the long rows left out were cut too
+
+
 def test_inspect_draws_the_batches_a_run_reads_and_its_html_holds_the_mixture_table(
     sources, tmp_path, capsys, monkeypatch
 ):

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE, PackPlan, plan_packs
+from tightpack.core.planner import ALGORITHMS, MAX_PACK_SIZE, PackPlan, first_fit_apart, plan_packs
 from tightpack.errors import TightpackError
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
@@ -46,6 +46,26 @@ def linear_first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
         else:
             remaining.append(capacity - length)
             bins.append([position])
+    return bins
+
+
+def linear_first_fit_apart(lengths: list[int], keys: list[int], capacity: int) -> list[list[int]]:
+    """`linear_first_fit` that passes over a bin holding an item of the same key (-1: none)."""
+    remaining: list[int] = []
+    held: list[set[int]] = []
+    bins: list[list[int]] = []
+    for position, (length, key) in enumerate(zip(lengths, keys, strict=True)):
+        for b, left in enumerate(remaining):
+            if left >= length and (key < 0 or key not in held[b]):
+                break
+        else:
+            b = len(remaining)
+            remaining.append(capacity)
+            held.append(set())
+            bins.append([])
+        remaining[b] -= length
+        held[b].add(key)
+        bins[b].append(position)
     return bins
 
 
@@ -451,3 +471,28 @@ def test_large_lognormal_bfd_never_worse_than_ffd() -> None:
         check_invariants(plan, lengths, pack_size)
         assert len(plan) >= lower_bound
     assert len(plans["bfd"]) <= len(plans["ffd"])
+
+
+@PROPERTY_SETTINGS
+@given(
+    st.integers(1, 40),
+    st.lists(st.tuples(st.integers(-1, 6), st.integers(0, 40)), min_size=1, max_size=120),
+    st.lists(st.integers(0, 40), min_size=7, max_size=7),
+)
+def test_first_fit_apart_is_first_fit_passing_over_packs_holding_a_copy(capacity, items, key_lengths):
+    """Copies (one key, one length, as the copies of a sample) never share a pack, and each goes to
+    the leftmost pack with room that holds none; items of key -1 go where plain first fit puts them."""
+    keys = [key if key < len(items) else -1 for key, _ in items]  # keys in 0..n-1
+    lengths = [
+        min(key_lengths[key] if key >= 0 else length, capacity)
+        for key, (_, length) in zip(keys, items, strict=True)
+    ]
+    plan = first_fit_apart(np.array(lengths), np.array(keys), capacity)
+    assert [pack.tolist() for pack in plan] == linear_first_fit_apart(lengths, keys, capacity)
+    unkeyed = first_fit_apart(np.array(lengths), np.full(len(keys), -1), capacity)
+    assert [pack.tolist() for pack in unkeyed] == linear_first_fit(lengths, capacity)
+
+
+def test_first_fit_apart_refuses_keys_out_of_range():
+    with pytest.raises(ValueError, match=r"keys must be -1 or in 0\.\.n-1"):
+        first_fit_apart(np.array([1, 2]), np.array([0, 2]), 10)

@@ -149,27 +149,35 @@ def _unit_rows(result, layout: str) -> list[tuple[str, str]]:
 
 
 def _sample_rows(result) -> list[tuple[str, str]]:
-    """The summary of a run of SFT samples."""
+    """The summary of a run of SFT samples. Every truncated sample of a run without a mixture is
+    packed; a mixture truncates before it chooses, so its truncated samples (by reason) have their own
+    line, and under ``packed`` the truncated samples it packed are counted (each once, however many
+    copies)."""
     counts = result.counts
+    mixture = result.mixture
+    reasons = [(key, label) for key, label in _TRUNCATION_LABELS.items() if counts.get(key)]
+    if mixture:
+        truncated: list[tuple[str, str]] = [
+            ("truncated (before the mixture chose)", f"{counts['truncated']:,}"),
+            *((f"  {label}", f"{counts[key]:,}") for key, label in reasons),
+        ]
+        packed_truncated = sum(source["truncated_packed"] for source in mixture["sources"])
+        under_packed = [
+            ("  of which repeats (mixture)", f"{counts['mixture_repeats']:,}"),
+            ("  of which truncated samples", f"{packed_truncated:,}"),
+            ("left out by the mixture", f"{counts['mixture_left_out']:,}"),
+        ]
+    else:
+        truncated = []
+        under_packed = [
+            ("  of which truncated", f"{counts['truncated']:,}"),
+            *((f"    {label}", f"{counts[key]:,}") for key, label in reasons),
+        ]
     return [
         ("samples in", f"{counts['samples_in']:,}"),
+        *truncated,
         ("packed", f"{counts['packed']:,}"),
-        *(
-            (("  of which repeats (mixture)", f"{counts['mixture_repeats']:,}"),)
-            if "mixture_repeats" in counts
-            else ()
-        ),
-        ("  of which truncated", f"{counts['truncated']:,}"),
-        *(
-            (f"    {label}", f"{counts[key]:,}")
-            for key, label in _TRUNCATION_LABELS.items()
-            if counts.get(key)
-        ),
-        *(
-            (("left out by the mixture", f"{counts['mixture_left_out']:,}"),)
-            if "mixture_left_out" in counts
-            else ()
-        ),
+        *under_packed,
         ("dropped (too long)", f"{counts['dropped_long']:,}"),
         ("dropped (no supervised token)", f"{counts['no_supervised']:,}"),
         *(

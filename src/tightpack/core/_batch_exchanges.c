@@ -58,11 +58,18 @@ static int exchange_strays(const double *sums, double total, const double *targe
     return 0;
 }
 
-/* 1 when item `i`'s sample has a copy other than `skip` in a pack of batch `b`. */
-static int copy_in_batch(const Deal *d, const Region *g, int64_t i, int64_t b, int64_t skip) {
+/* 1 when item `i`, moved into pack `p` of batch `b`, would meet a copy of its sample: in `p`, or (the
+ * sample not `crowded`) in another pack of `b`. A crowded sample's copies are many: the pack's few
+ * items are looked at instead. */
+static int meets_copy(const Deal *d, const Region *g, int64_t i, int64_t b, int64_t p) {
+    if (crowded(g, i)) {
+        for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++)
+            if (g->held[e] != i && g->sample[g->held[e]] == g->sample[i]) return 1;
+        return 0;
+    }
     for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
         const int64_t o = g->copies[k];
-        if (o != i && o != skip && batch_of(d, g, g->pack[o]) == b) return 1;
+        if (o != i && batch_of(d, g, g->pack[o]) == b) return 1;
     }
     return 0;
 }
@@ -154,7 +161,8 @@ static Py_ssize_t sample_exchanges(const Deal *d, const Region *g, Py_ssize_t w,
                     continue;
                 const double value = exchange_value(d, g, w, bb, i, j, limit, shift);
                 if (value >= bar) continue;
-                if (copy_in_batch(d, g, j, bw, -1) || copy_in_batch(d, g, i, g->first_batch + bb, -1)) continue;
+                if (meets_copy(d, g, j, bw, g->pack[i]) || meets_copy(d, g, i, g->first_batch + bb, g->pack[j]))
+                    continue;
                 held = keep_best(top, held, most, (Exchange){value, i, j});
             }
         }
@@ -245,19 +253,13 @@ static void exchange_packs(Deal *d, Region *g, Py_ssize_t w, int64_t p, int64_t 
     refresh(d, g, bq);
 }
 
-/* 1 when the copies of item `i`'s sample other than `i` lie in every batch of the region: no batch
- * could take `i` without a copy (a sample repeated more often than there are batches). `seen`
- * [batches] holds no `i + 1` before the call, and after it, at the batches that hold such a copy. */
-static int copies_everywhere(const Deal *d, const Region *g, int64_t i, int64_t *seen) {
-    Py_ssize_t batches = 0;
+/* Marks `seen[b] = i + 1` at every batch `b` of the region holding a copy of item `i`'s sample
+ * other than `i`. */
+static void mark_copy_batches(const Deal *d, const Region *g, int64_t i, int64_t *seen) {
     for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
-        const int64_t o = g->copies[k], b = batch_of(d, g, g->pack[o]) - g->first_batch;
-        if (o != i && seen[b] != i + 1) {
-            seen[b] = i + 1;
-            batches++;
-        }
+        const int64_t o = g->copies[k];
+        if (o != i) seen[batch_of(d, g, g->pack[o]) - g->first_batch] = i + 1;
     }
-    return batches == g->batches;
 }
 
 /* Samples still beside a copy of themselves in their batch (where the greedy had to put a pack with a
@@ -272,7 +274,8 @@ int part_samples(Deal *d, Region *g, double aim, double *shift) {
     if (seen == NULL) return -1;
     for (int64_t i = 0; i < g->items; i++) {
         const int64_t bi = batch_of(d, g, g->pack[i]);
-        if (!copy_in_batch(d, g, i, bi, -1) || copies_everywhere(d, g, i, seen)) continue;
+        if (!meets_copy(d, g, i, bi, g->pack[i])) continue;
+        mark_copy_batches(d, g, i, seen);
         const int64_t a = g->pack[i], free_a = d->pack_size - g->used[a], li = g->length[i];
         int64_t chosen = -1;
         for (int same_measure = 1; same_measure >= 0 && chosen < 0; same_measure--) {
@@ -295,7 +298,7 @@ int part_samples(Deal *d, Region *g, double aim, double *shift) {
                     shift[s] = -shift[s];
                     if (deviation(g->sums + rj * S, shift, d->targets, S) > fmax(g->dev[rj], aim)) continue;
                 }
-                if (copy_in_batch(d, g, j, bi, -1)) continue;
+                if (meets_copy(d, g, j, bi, a)) continue;
                 chosen = j;
             }
         }
@@ -305,12 +308,13 @@ int part_samples(Deal *d, Region *g, double aim, double *shift) {
     return 0;
 }
 
-/* Adds `step` to `in_batch[b]` and `in_pack[q]` for every copy of one of pack `p`'s samples in
- * another pack `q` of batch `b`. */
+/* Adds `step` to `in_batch[b]` and `in_pack[q]` for every copy of one of pack `p`'s samples (not
+ * `crowded`) in another pack `q` of batch `b`. */
 static void count_copies(const Deal *d, const Region *g, int64_t p, int64_t *in_batch, int64_t *in_pack,
                          int64_t step) {
     for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++) {
         const int64_t i = g->held[e];
+        if (crowded(g, i)) continue;
         for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
             const int64_t q = g->pack[g->copies[k]];
             if (q == p) continue;
@@ -393,7 +397,8 @@ static Py_ssize_t improve(Deal *d, Region *g, Py_ssize_t w, double aim, Py_ssize
             if (batch_of(d, g, g->pack[i]) - g->first_batch != w || bb == w) continue;
             if (!room_for(d, g, j, g->length[i]) || !room_for(d, g, i, g->length[j])) continue;
             if (exchange_value(d, g, w, bb, i, j, g->dev[w], shift) == INFINITY) continue;
-            if (copy_in_batch(d, g, j, g->first_batch + w, -1) || copy_in_batch(d, g, i, g->first_batch + bb, -1))
+            if (meets_copy(d, g, j, g->first_batch + w, g->pack[i]) ||
+                meets_copy(d, g, i, g->first_batch + bb, g->pack[j]))
                 continue;
         }
         exchange_samples(d, g, i, j);

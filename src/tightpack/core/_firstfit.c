@@ -6,6 +6,8 @@
  *     a buffer receiving each item's bin index and the most bins the caller allows (the tree is sized
  *     from it), and returns the number of bins opened. It is the one loop that cannot be vectorized:
  *     every item depends on the bins the previous items left behind.
+ *   - `first_fit_apart` (_first_fit_apart.c), called by `first_fit_apart`: first fit that puts items
+ *     of one key (copies of a sample) in different bins.
  *   - `group_by_bin`, called by `_stable_order` and `_plan_from_bins`: a stable counting sort of
  *     small non-negative keys (lengths, or bin indices) into CSR arrays.
  *   - `expand_groups`, called by `_expand_groups` (algorithm bfd): bfd's groups of identical bins
@@ -21,12 +23,7 @@
  * Arguments come through the buffer protocol (no numpy headers needed): int64 buffers, read-only for
  * inputs and writable for outputs, which the caller allocates at their final sizes.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-
-#define UNOPENED INT64_MIN
+#include "_firstfit.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define UNLIKELY(condition) __builtin_expect(!!(condition), 0)
@@ -353,6 +350,9 @@ done:
 static PyMethodDef methods[] = {
     {"first_fit", first_fit, METH_VARARGS,
      "first_fit(lengths: int64 buffer, capacity: int, bins_out: int64 buffer, max_bins: int) -> bins opened"},
+    {"first_fit_apart", first_fit_apart, METH_VARARGS,
+     "first_fit_apart(lengths: int64 buffer, keys: int64 buffer (-1: none), capacity: int, bins_out: int64 "
+     "buffer) -> bins opened"},
     {"group_by_bin", group_by_bin, METH_VARARGS,
      "group_by_bin(bins: int64 buffer, order_out: int64 buffer, offsets_out: int64 buffer) -> None"},
     {"expand_groups", expand_groups, METH_VARARGS,

@@ -108,10 +108,11 @@ static Py_ssize_t cheapest(const Deal *d, const Region *g, double *cost, const d
 }
 
 /* Marks `holds_copy[b] = mark` at every batch `b` of the region that holds a copy of one of pack `p`'s
- * samples in another pack (one pass over their copies, not one per batch weighed). */
+ * samples (not `crowded`) in another pack (one pass over their copies, not one per batch weighed). */
 static void mark_copies(const Deal *d, const Region *g, int64_t p, int64_t *holds_copy, int64_t mark) {
     for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++) {
         const int64_t i = g->held[e];
+        if (crowded(g, i)) continue;
         for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
             const int64_t q = g->pack[g->copies[k]];
             if (q != p && batch_of(d, g, q) >= 0) holds_copy[batch_of(d, g, q) - g->first_batch] = mark;

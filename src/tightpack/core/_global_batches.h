@@ -49,10 +49,16 @@ static inline const double *row(const Deal *d, const Region *g, int64_t pack) {
     return d->composition + (g->first + pack) * d->sources;
 }
 
-/* 1 when a sample of pack `p` has a copy in a pack other than `p` and `skip` of batch `b`. */
+/* 1 when a sample of pack `p` (not `crowded`) has a copy in a pack other than `p` and `skip` of batch
+ * `b`. */
+/* 1 when item `i`'s sample has more copies in the region than it has batches: some batch must hold
+ * two, and the deal does not keep its copies apart (they would only stop exchanges that help). */
+static inline int crowded(const Region *g, int64_t i) { return g->copies_to[i] - g->copies_from[i] > g->batches; }
+
 static inline int pack_meets_copy(const Deal *d, const Region *g, int64_t p, int64_t b, int64_t skip) {
     for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++) {
         const int64_t i = g->held[e];
+        if (crowded(g, i)) continue;
         for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
             const int64_t q = g->pack[g->copies[k]];
             if (q != p && q != skip && batch_of(d, g, q) == b) return 1;

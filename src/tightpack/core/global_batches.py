@@ -13,7 +13,8 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    copy of one of the pack's samples is passed over, unless every batch with room does; a pack put
    with a copy that way is then exchanged with a pack of another batch where neither holds a copy,
    and a sample still beside its copy with a sample of the same source, about its length and (where
-   one exists) its measure in another batch.
+   one exists) its measure in another batch. A sample with more copies in the region than it has
+   batches is not kept apart (some batch must hold two), here or in the exchanges.
 2. **Exchange**: while a full batch of the region is further than ``aim`` points from the targets,
    the worst one (or, when no exchange makes it better, the next worst, and so on) gets the first of
    these that makes it better: the best exchanges of one of its samples for one of the samples

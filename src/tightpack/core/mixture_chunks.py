@@ -1,13 +1,13 @@
 """A mixture's stream packed in chunks (`pack_chunks`), the second step of
 `tightpack.core.mixture_plan.plan_mixture`: each chunk holds the mixture as every stretch of the
-stream does, is packed apart, and holds no sample twice.
+stream does, and is packed apart; no pack holds a sample twice.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tightpack.core.planner import PackPlan, plan_packs
+from tightpack.core.planner import PackPlan, first_fit_apart
 from tightpack.core.preference_units import concatenated_ranges
 
 __all__ = ["pack_chunks"]
@@ -30,13 +30,12 @@ def pack_chunks(
     samples: np.ndarray, lengths: np.ndarray, pack_size: int, chunk_tokens: int, seed: int = 0
 ) -> PackPlan:
     """Packs of a stream cut into chunks of ``chunk_tokens`` tokens, each chunk packed apart (first
-    fit, the large samples longest first, the small ones after them in stream order) and its packs
-    shuffled (seeded).
+    fit, the large samples longest first, the small ones after them in stream order, no pack taking a
+    second copy of a sample) and its packs shuffled (seeded).
 
     Args:
-        samples: int ``[num_entries]``: the sample of each entry, in stream order; an entry whose
-            sample is already in its chunk (a repetition) moves to the next chunk, so that no chunk,
-            and so no pack, holds a sample twice.
+        samples: int ``[num_entries]``: the sample of each entry, in stream order; copies of a sample in
+            one chunk go to different packs of it.
         lengths: int ``[num_entries]``: each entry's tokens in the pack.
         pack_size: tokens per pack.
         chunk_tokens: the stream's tokens per chunk (at least one).
@@ -52,68 +51,80 @@ def pack_chunks(
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     samples = np.asarray(samples, dtype=np.int64)
-    chunk = _chunks_apart(samples, (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1))
-    by_chunk = stable_order(chunk)
-    bounds = np.searchsorted(chunk[by_chunk], np.arange(int(chunk.max(initial=-1)) + 2))
+    chunk = (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1)
+    keys = _copy_keys(samples, chunk)
+    bounds = np.searchsorted(chunk, np.arange(int(chunk.max(initial=-1)) + 2))  # chunks follow the stream
     rng = np.random.default_rng([seed, len(samples)])
     orders, sizes = [], []
     for first, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        part = by_chunk[first:stop]
-        if not len(part):
+        if first == stop:
             continue
-        part, plan = _pack_chunk(part, lengths[part], pack_size)
+        part, plan = _pack_chunk(lengths[first:stop], keys[first:stop], pack_size)
         shuffled = rng.permutation(len(plan))
         part_sizes = plan.pack_sizes[shuffled]
-        orders.append(part[plan.order[concatenated_ranges(plan.offsets[shuffled], part_sizes)]])
+        orders.append(first + part[plan.order[concatenated_ranges(plan.offsets[shuffled], part_sizes)]])
         sizes.append(part_sizes)
     order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
     size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
     return PackPlan(order=order, offsets=np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
 
 
-def _chunks_apart(samples: np.ndarray, chunk: np.ndarray) -> np.ndarray:
-    """The chunks of the entries once every copy of a sample is in a later chunk than the copy before
-    it: a copy whose chunk already holds its sample moves to the next chunk (and so on down the copies):
-    ``chunk'[k] = max(chunk[k], chunk'[k - 1] + 1)`` along each sample's copies in stream order, a
-    running maximum of ``chunk[k] - k`` plus ``k``.
+def _copy_keys(samples: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """Each entry's key for `first_fit_apart` within its chunk (``0, 1, ...`` there): the same for the
+    copies of a sample in one chunk, -1 for an entry whose sample has no other copy in its chunk (most
+    of them: nothing to keep apart).
 
-    >>> _chunks_apart(np.array([7, 7, 8, 7]), np.array([0, 0, 0, 1])).tolist()
-    [0, 1, 0, 2]
+    >>> _copy_keys(np.array([7, 7, 8, 7, 8, 9, 9]), np.array([0, 0, 0, 1, 1, 1, 1])).tolist()
+    [0, 0, -1, -1, -1, 0, 0]
     """
+    keys = np.full(len(samples), -1, dtype=np.int64)
     if not len(samples):
-        return chunk
-    copies = stable_order(samples)  # each sample's copies together, in stream order
-    sorted_samples = samples[copies]
-    first = np.flatnonzero(np.concatenate([[True], sorted_samples[1:] != sorted_samples[:-1]]))
-    counts = np.diff(np.append(first, len(samples)))
-    group = np.repeat(np.arange(len(first)), counts)
-    nth = np.arange(len(samples)) - np.repeat(first, counts)  # which copy of its sample (0: the first)
-    lowest = int(chunk.min()) - len(samples) - 1
-    span = int(chunk.max()) - lowest + 1  # each sample's values above every earlier sample's: one maximum
-    running = np.maximum.accumulate(chunk[copies] - nth - lowest + group * span) - group * span + lowest
-    moved = np.empty_like(chunk)
-    moved[copies] = running + nth
-    return moved
+        return keys
+    copies = stable_order(samples)  # each sample's copies together, in stream order (chunks rising)
+    sorted_samples, sorted_chunks = samples[copies], chunk[copies]
+    starts = np.flatnonzero(
+        np.concatenate(
+            [[True], (sorted_samples[1:] != sorted_samples[:-1]) | (sorted_chunks[1:] != sorted_chunks[:-1])]
+        )
+    )
+    run = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(samples))))  # a sample in a chunk
+    shared = np.flatnonzero(np.bincount(run) > 1)
+    if not len(shared):
+        return keys
+    # the shared runs numbered from 0 within their chunk
+    run_chunk = sorted_chunks[starts[shared]]
+    by_chunk = np.argsort(run_chunk, kind="stable")
+    in_order = run_chunk[by_chunk]
+    dense = np.full(len(starts), -1, dtype=np.int64)
+    dense[shared[by_chunk]] = np.arange(len(shared)) - np.searchsorted(in_order, in_order)
+    keys[copies] = dense[run]
+    return keys
 
 
-def _pack_chunk(entries: np.ndarray, lengths: np.ndarray, pack_size: int) -> tuple[np.ndarray, PackPlan]:
+def _pack_chunk(lengths: np.ndarray, keys: np.ndarray, pack_size: int) -> tuple[np.ndarray, PackPlan]:
     """A chunk's packs: first fit with the samples over ``1 / SMALL_SHARE`` of the pack longest first
     and the small ones after them in stream order (packs the small ones make alone then hold every
     source's small samples, not the shortest source's), unless first fit decreasing over all needs
-    fewer packs, by more than one and `SORTED_SAVES` of them. Returns the entries in the order the
-    plan numbers them, and the plan."""
+    fewer packs, by more than one and `SORTED_SAVES` of them; copies (one key) in different packs.
+    Returns the chunk's entries in the order the plan numbers them, and the plan."""
     small = lengths * SMALL_SHARE <= pack_size
     # the large ones longest first, then the small ones in stream order
     mixed = stable_order(np.where(small, pack_size + 1, pack_size - lengths))
-    plan = plan_packs(lengths[mixed], pack_size, algorithm="first_fit")
+    plan = first_fit_apart(lengths[mixed], keys[mixed], pack_size)
     # no packing needs fewer packs than its tokens fill, nor than it has samples over half a pack
     floor = max(-(-int(lengths.sum()) // pack_size), int(np.count_nonzero(2 * lengths > pack_size)))
     if small.any() and floor < min(len(plan) - 1, len(plan) * (1 - SORTED_SAVES)):
         decreasing = stable_order(pack_size - lengths)
-        tighter = plan_packs(lengths[decreasing], pack_size, algorithm="first_fit")
+        tighter = first_fit_apart(lengths[decreasing], keys[decreasing], pack_size)
         if len(tighter) < min(len(plan) - 1, len(plan) * (1 - SORTED_SAVES)):
-            return entries[decreasing], tighter
-    return entries[mixed], plan
+            mixed, plan = decreasing, tighter
+    if (keys >= 0).any() and floor < len(plan):
+        # copies to keep apart: sorted by length they fill packs among themselves and leave the
+        # copies packs of their own; in stream order a copy sits beside what the stream puts near it
+        in_order = first_fit_apart(lengths, keys, pack_size)
+        if len(in_order) < len(plan):
+            return np.arange(len(lengths)), in_order
+    return mixed, plan
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:

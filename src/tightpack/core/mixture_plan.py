@@ -10,12 +10,13 @@ steps:
    source's target share (a weighted fair queue). Within a source the samples come in a seeded
    shuffled order, one repetition after the other.
 2. **Pack in chunks** (`tightpack.core.mixture_chunks.pack_chunks`): the stream is cut into
-   chunks of about ``chunk_packs`` packs' tokens (at most a pass of the most repeated source, and a
-   later copy of a sample already in the chunk moves to the next chunk, so no chunk and no pack
-   holds a sample twice); each chunk is packed apart, first fit with the large samples longest first
-   and the small ones after them in stream order (first fit decreasing over all where that saves
-   more), and its packs are shuffled. A chunk holds the mixture, as every stretch of the stream
-   does, and fills about as a packing of the whole would.
+   chunks of about ``chunk_packs`` packs' tokens (at most a pass of the most repeated source, at
+   least `LEAST_CHUNK_PACKS` packs' worth); each chunk is packed apart, first fit with the large
+   samples longest first and the small ones after them in stream order (first fit decreasing over
+   all, or first fit in stream order where the chunk holds copies of a sample, where that saves
+   more), copies of a sample always in different packs, and its packs are shuffled. A chunk holds
+   the mixture, as every stretch of the stream does, and fills about as a packing of the whole
+   would.
 3. **Deal into global batches** (`tightpack.core.global_batches.deal_batches`): the packs are dealt
    into batches of ``window`` packs, each batch holding the targets: a greedy deal, then exchanges
    of samples of about equal length (or of packs) between the worst batch and the others.
@@ -24,8 +25,8 @@ What is guaranteed is what is measured: `window_deviation` counts, over every gl
 ``window`` consecutive packs from the first (the last, partial batch apart), each source's share
 against its target, exactly; the plan carries the worst batch, and ``tolerance`` turns a worst batch
 past it into an error (`MixtureWindowError`) instead of an output. The whole output's shares are
-`resolve_mixture`'s, to half a sample per source; no pack and no global batch holds a sample twice
-where the deal can avoid it (a sample repeated more times than there are batches cannot).
+`resolve_mixture`'s, to half a sample per source; no pack holds a sample twice, and no global batch
+where the deal can avoid it (a sample with more copies than a region has batches is not kept apart).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ __all__ = [
 
 DEFAULT_WINDOW = 64
 """Packs per global batch whose shares `plan_mixture` holds and reports by default."""
+
+LEAST_CHUNK_PACKS = 64
+"""`pack_mixture` packs at least this many packs' worth of the stream together (or ``chunk_packs``
+where that is fewer), however short a pass of the most repeated source: on 40 random mixtures 64 left
+the worst batches summing to 38.9 points where 256 left 40.3, and a source of 5 rows repeated 2,000
+times beside 10,000 short rows fills 95.2% of its 64-token packs, not the 85.7% of one chunk a pass."""
 
 
 class MixtureWindowError(TightpackError):
@@ -228,8 +235,12 @@ def pack_mixture(
     stream = interleave(entry_measure, selection.source, selection.repetition, selection.targets, seed)
     stream_samples = selection.samples[stream]
     stream_lengths = lengths[stream_samples]
-    most_repeated = float(selection.repetitions.max(initial=1.0))
-    chunk_tokens = min(chunk_packs * pack_size, int(stream_lengths.sum() / most_repeated))
+    # a chunk holds about a pass of the most repeated source (about one copy of each sample), but
+    # never fewer than LEAST_CHUNK_PACKS packs' tokens: a few samples repeated many times would make
+    # chunks of a few packs, each ending a pack or so below full
+    pass_tokens = int(stream_lengths.sum() / float(selection.repetitions.max(initial=1.0)))
+    least = min(chunk_packs, LEAST_CHUNK_PACKS) * pack_size
+    chunk_tokens = max(least, min(chunk_packs * pack_size, pass_tokens))
     packed = pack_chunks(stream_samples, stream_lengths, pack_size, chunk_tokens, seed)
     return PackPlan(order=stream[packed.order], offsets=packed.offsets)
 

@@ -147,6 +147,28 @@ def first_fit_bins(lengths: np.ndarray, pack_size: int) -> tuple[np.ndarray, int
     return bins, _firstfit.first_fit(lengths, pack_size, bins, max_bins)
 
 
+def first_fit_apart(lengths: np.ndarray, keys: np.ndarray, pack_size: int) -> PackPlan:
+    """First fit in input order in which items of one key (copies of one sample) never share a pack:
+    an item of a key goes to the first pack with room after the pack of the key's previous item (for
+    copies of one length, that is the first pack with room that holds no copy). Items of key -1 are
+    placed as `first_fit_bins` places them, so with no key the plan is plain first fit's.
+
+    Args:
+        lengths: int ``[n]``: item lengths in ``0..pack_size`` (unchecked).
+        keys: int ``[n]``: -1, or the item's key in ``0..n-1``.
+        pack_size: tokens per pack.
+
+    >>> [pack.tolist() for pack in first_fit_apart(np.array([3, 3, 4]), np.array([7, 7, -1]), 10)]
+    [[0, 2], [1]]
+    """
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    if not len(keys) or keys.max() < 0:  # nothing to keep apart: plain first fit, with its bin bound
+        return _first_fit_in_order(lengths, pack_size)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    bins = np.empty(len(lengths), dtype=np.int64)
+    return _plan_from_bins(bins, _firstfit.first_fit_apart(lengths, keys, pack_size, bins), None)
+
+
 def _first_fit_in_order(lengths: np.ndarray, pack_size: int, items: np.ndarray | None = None) -> PackPlan:
     return _plan_from_bins(*first_fit_bins(lengths, pack_size), items)
 

@@ -1,0 +1,17 @@
+/* What the translation units of the _firstfit extension share: _firstfit.c holds the module and the
+ * plain kernels, _first_fit_apart.c the first fit that keeps copies of a sample apart. */
+#ifndef TIGHTPACK_FIRSTFIT_H
+#define TIGHTPACK_FIRSTFIT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define UNOPENED INT64_MIN
+
+/* first_fit_apart(lengths: int64 buffer, keys: int64 buffer, capacity: int, bins_out: int64 buffer)
+ * -> bins opened (_first_fit_apart.c). */
+PyObject *first_fit_apart(PyObject *self, PyObject *args);
+
+#endif
