@@ -287,7 +287,8 @@ class TestUserErrors:
             ),
             (
                 ["{inputs}/long.jsonl", "-o", "out", "--pack-size", "32", "--long-samples", "error"],
-                r"^error: 1 samples are longer than the cap of 32 tokens \(first: source row 1, \d+ tokens\)",
+                r"^error: 1 samples are longer than the cap of 32 tokens \(first: \S*long\.jsonl row 2 "
+                r"\(source row 1\), \d+ tokens\)",
             ),
             (
                 ["{inputs}/good.jsonl", "--pack-size", "64"],

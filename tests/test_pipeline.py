@@ -236,10 +236,17 @@ def test_long_samples_drop_and_error(tmp_path, gpt2):
     assert (result.counts["packed"], result.counts["dropped_long"], result.counts["truncated"]) == (2, 2, 0)
     check_round_trip(tmp_path / "drop", rows, gpt2, cap=64, multiple=1)
     with pytest.raises(
-        TightpackError, match=r"2 samples are longer than the cap of 64 tokens \(first: source row 1"
+        TightpackError,
+        match=r"2 samples are longer than the cap of 64 tokens \(first: \S*long\.jsonl row 2 "
+        r"\(source row 1\)",
     ):
         pack_dataset([source], tmp_path / "error", PackConfig(packed_sequence_size=64, long_samples="error"))
     assert not (tmp_path / "error").exists()
+    before = write_jsonl(tmp_path / "before.jsonl", rows[:1] * 3)  # the file and its own row are named
+    with pytest.raises(TightpackError, match=r"\(first: \S*long\.jsonl row 2 \(source row 4\), \d+ tokens\)"):
+        pack_dataset(
+            [before, source], tmp_path / "error", PackConfig(packed_sequence_size=64, long_samples="error")
+        )
 
 
 def test_output_is_identical_for_any_worker_count_and_run(tmp_path, chat_rows):

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import write_jsonl
 from tightpack.core.checksums import file_digest
 from tightpack.core.legacy_npy import read_legacy_npy, write_legacy_npy
+from tightpack.errors import TightpackError
 from tightpack.offline.pipeline import PackConfig, pack_dataset
 from tightpack.prepare.format_config import FormatConfig
 from tightpack.verify import verify_packed
@@ -221,6 +222,19 @@ def test_a_deleted_or_replaced_manifest_section_is_named(packed, tmp_path, key, 
     report = verify_packed(with_manifest(packed, tmp_path, change))
     messages = [v.message for v in report.violations if v.check == "manifest"]
     assert any(f"the manifest's {key} section is {state}" in m for m in messages), report.to_dict()
+
+
+def test_a_folder_whose_every_shard_is_gone_names_them_from_the_manifest(packed, tmp_path):
+    folder = copy_of(packed, tmp_path)
+    (folder / SHARD).unlink()
+    report = verify_packed(folder)
+    assert not report.ok
+    assert [(v.check, v.file, v.message) for v in report.violations] == [
+        ("manifest", SHARD, "the manifest lists this file but it is missing")
+    ]
+    (folder / "manifest.json").unlink()  # nothing left to say what was there: an error, as for any path
+    with pytest.raises(TightpackError, match="No Parquet files found"):
+        verify_packed(folder)
 
 
 def test_coverage_duplicates_and_missing_samples(packed, tmp_path):

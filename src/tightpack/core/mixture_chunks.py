@@ -70,34 +70,28 @@ def pack_chunks(
 
 
 def _copy_keys(samples: np.ndarray, chunk: np.ndarray) -> np.ndarray:
-    """Each entry's key for `first_fit_apart` within its chunk (``0, 1, ...`` there): the same for the
-    copies of a sample in one chunk, -1 for an entry whose sample has no other copy in its chunk (most
-    of them: nothing to keep apart).
+    """Each entry's key for `first_fit_apart` within its chunk: the same for the copies of a sample in
+    one chunk (the place in the chunk of the first of them), -1 for an entry whose sample has no other
+    copy in its chunk (most of them: nothing to keep apart). ``chunk`` rises along the stream.
 
     >>> _copy_keys(np.array([7, 7, 8, 7, 8, 9, 9]), np.array([0, 0, 0, 1, 1, 1, 1])).tolist()
-    [0, 0, -1, -1, -1, 0, 0]
+    [0, 0, -1, -1, -1, 2, 2]
     """
     keys = np.full(len(samples), -1, dtype=np.int64)
     if not len(samples):
         return keys
     copies = stable_order(samples)  # each sample's copies together, in stream order (chunks rising)
     sorted_samples, sorted_chunks = samples[copies], chunk[copies]
-    starts = np.flatnonzero(
-        np.concatenate(
-            [[True], (sorted_samples[1:] != sorted_samples[:-1]) | (sorted_chunks[1:] != sorted_chunks[:-1])]
-        )
-    )
-    run = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(samples))))  # a sample in a chunk
-    shared = np.flatnonzero(np.bincount(run) > 1)
-    if not len(shared):
-        return keys
-    # the shared runs numbered from 0 within their chunk
-    run_chunk = sorted_chunks[starts[shared]]
-    by_chunk = np.argsort(run_chunk, kind="stable")
-    in_order = run_chunk[by_chunk]
-    dense = np.full(len(starts), -1, dtype=np.int64)
-    dense[shared[by_chunk]] = np.arange(len(shared)) - np.searchsorted(in_order, in_order)
-    keys[copies] = dense[run]
+    starts = np.empty(len(samples), dtype=bool)  # where a run (a sample's copies in one chunk) starts
+    starts[0] = True
+    np.not_equal(sorted_samples[1:], sorted_samples[:-1], out=starts[1:])
+    starts[1:] |= sorted_chunks[1:] != sorted_chunks[:-1]
+    run = np.cumsum(starts) - 1
+    shared = np.bincount(run)[run] > 1
+    if shared.any():
+        chunk_first = np.searchsorted(chunk, np.arange(int(chunk[-1]) + 1))
+        first_copy = copies[starts][run[shared]]  # stream place of the run's first entry
+        keys[copies[shared]] = first_copy - chunk_first[sorted_chunks[shared]]
     return keys
 
 

@@ -21,6 +21,19 @@ from tightpack.errors import TightpackError
 from tightpack.offline.config import PackConfig
 
 
+def row_name(row: int, starts, names: list[str] | None) -> str:
+    """A source row (numbered over all inputs) as its input's name and its row there, where the
+    inputs' first rows (``starts``) and names are known.
+
+    >>> row_name(7, (0, 5), ["a.jsonl", "b.jsonl"]), row_name(7, None, None)
+    ('b.jsonl row 3 (source row 7)', 'source row 7')
+    """
+    if not names or starts is None or len(starts) != len(names):
+        return f"source row {row}"
+    which = int(np.searchsorted(np.asarray(starts), row, side="right")) - 1
+    return f"{names[which]} row {row - int(starts[which]) + 1} (source row {row})"
+
+
 class LongSamplesError(TightpackError):
     """``long_samples="error"`` met samples over the cap; ``fact`` says how many and the first one,
     without the advice (``tightpack plan`` gives its own)."""
@@ -43,8 +56,12 @@ def account_samples(
     staging: Path,
     *,
     measures: dict[str, np.ndarray] | None = None,
+    source_names: list[str] | None = None,
 ):
     """Apply the long-sample policy and the no-supervision rule; count everything.
+
+    ``source_names`` (the inputs' names, one per source of ``report.source_starts``) lets an error
+    name a sample's file and its row there, not only its row over all inputs.
 
     ``measures`` (a mixture needs them) receives ``tokens`` and ``supervised``: int64
     ``[num_samples]``, each sample's runtime and supervised tokens as packed (after truncation);
@@ -66,8 +83,9 @@ def account_samples(
     if long.any() and config.long_samples == "error":
         first = np.flatnonzero(long)[:1]
         raise LongSamplesError(
-            f"{int(long.sum())} samples are longer than the cap of {cap} tokens (first: source row "
-            f"{int(store.source_rows(first)[0])}, {int(real[first[0]])} tokens)"
+            f"{int(long.sum())} samples are longer than the cap of {cap} tokens (first: "
+            f"{row_name(int(store.source_rows(first)[0]), report.source_starts, source_names)}, "
+            f"{int(real[first[0]])} tokens)"
         )
     dropped_long = long if config.long_samples == "drop" else np.zeros_like(long)
     if config.long_samples == "truncate" and config.format.vision is not None:

@@ -207,7 +207,7 @@ def _pack_into(
     with stage("plan", 1, progress, times):
         measures: dict[str, np.ndarray] | None = None if mixed is None else {}
         counts, keep, aligned, excluded, overlay = account_samples(
-            store, config, report, staging, measures=measures
+            store, config, report, staging, measures=measures, source_names=[s.name for s in sources]
         )
         if counts["samples_in"] == 0:
             names = ", ".join(source.name for source in sources)
