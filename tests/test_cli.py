@@ -85,6 +85,7 @@ def bad_inputs(tmp_path) -> Path:
         folder / "long.jsonl", [{"input": "a", "output": "b"}, {"input": "word " * 80, "output": "z"}]
     )
     write_jsonl(folder / "good.jsonl", [{"input": "a b", "output": "c d"}])
+    write_jsonl(folder / "ids.jsonl", [{"input_ids": [5, 6, 7]}])
     (tmp_path / "existing").mkdir()
     (tmp_path / "existing" / "manifest.json").write_text("{}")
     return folder
@@ -243,6 +244,16 @@ class TestUserErrors:
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "64", "--tokenizer", "no/such/tok"],
                 r"^error: tokenizer path 'no/such/tok' does not exist",
+            ),
+            (  # pre-tokenized rows after text rows, and the other way round: they do not mix
+                ["{inputs}/good.jsonl", "{inputs}/ids.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: .*ids\.jsonl:1: missing key 'input' \(keys found: input_ids\): a pre-tokenized row "
+                r"does not mix with text rows in one run",
+            ),
+            (
+                ["{inputs}/ids.jsonl", "{inputs}/good.jsonl", "-o", "out", "--pack-size", "64"],
+                r"^error: .*good\.jsonl:1: missing key 'input_ids' \(keys found: input, output\); this run "
+                r"reads pre-tokenized rows, as its first row is one: text rows do not mix with them",
             ),
             (
                 ["{inputs}/good.jsonl", "-o", "out", "--pack-size", "1"],

@@ -145,6 +145,11 @@ def _check_placeholders(text: str, media: tuple[MediaItem, ...], vision: VisionS
 
 def _missing_key(key: str, row: dict) -> RowError:
     found = ", ".join(sorted(map(str, row))) or "none"
+    if "input_ids" in row:
+        return RowError(
+            f"missing key {key!r} (keys found: {found}): a pre-tokenized row does not mix with text rows in "
+            "one run (pack the pre-tokenized rows in a run of their own)"
+        )
     return RowError(f"missing key {key!r} (keys found: {found}); set input_key/output_key or format")
 
 

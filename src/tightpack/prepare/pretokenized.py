@@ -96,8 +96,15 @@ def _from_rows(rows: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | No
             if not isinstance(row, dict):
                 raise ValueError(f"expected a JSON object, got {type(row).__name__}")
             if TOKENS_KEY not in row:
+                text = {"input", "output", "messages", "prompt", "completion", "text"} & set(map(str, row))
                 raise ValueError(
                     f"missing key {TOKENS_KEY!r} (keys found: {', '.join(sorted(map(str, row))) or 'none'})"
+                    + (
+                        "; this run reads pre-tokenized rows, as its first row is one: text rows do not mix "
+                        "with them in one run (tokenize them first, or pack them in a run of their own)"
+                        if text
+                        else ""
+                    )
                 )
             row_ids = _integers(row[TOKENS_KEY], TOKENS_KEY, bool_ok=False)
             if row.get(MASK_KEY) is not None:
