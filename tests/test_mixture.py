@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from tightpack.core.global_batches import deal_batches
 from tightpack.core.mixture import InfeasibleMixtureError, resolve_mixture, sample_measure
 from tightpack.core.mixture_chunks import pack_chunks
-from tightpack.core.mixture_plan import MixtureWindowError, interleave, plan_mixture, window_deviation
+from tightpack.core.mixture_plan import (
+    LEAST_CHUNK_PACKS,
+    MixtureWindowError,
+    interleave,
+    plan_mixture,
+    window_deviation,
+)
 from tightpack.core.planner import PackPlan, plan_packs
 from tightpack.errors import TightpackError
 
@@ -194,11 +200,12 @@ def packed_sources(draw):
 def test_deal_batches_keeps_every_entry_and_pack_and_never_makes_the_worst_batch_worse(
     packed, window, region
 ):
-    """The dealt packs hold the same entries within the pack size, no pack a sample twice; the
-    composition is the packs' own; window_deviation is the brute-force count; the exchanges never
-    leave the worst full batch worse than the deal alone did, nor the partial last batch further off
-    than it and the worst full batch were, and bring no sample into a batch twice where the deal had
-    none (a sample with more copies than a region's batches is not kept apart)."""
+    """The dealt packs hold the same entries within the pack size, no pack a sample twice more often
+    than the packing put it so; the composition is the packs' own; window_deviation is the brute-force
+    count; the exchanges never leave the worst full batch worse than the deal alone did, nor the
+    partial last batch further off than it and the worst full batch were, and bring no sample into a
+    batch twice where the deal had none (a sample with more copies than a region's batches is not kept
+    apart)."""
     plan, lengths, measure, source, targets = packed
     order = np.asarray(plan.order)
     batches = -(-len(plan) // window)
@@ -221,15 +228,18 @@ def test_deal_batches_keeps_every_entry_and_pack_and_never_makes_the_worst_batch
         return len(pairs) - len(np.unique(pairs))
 
     dealt_only, exchanged = deal(0), deal(64)
+    packed_doubled = sum(len(members) - len(set(members.tolist())) for members in plan)
     for dealt in (dealt_only, exchanged):
+        doubled = 0
         assert sorted(dealt.plan.order.tolist()) == sorted(order.tolist())
         assert len(dealt.plan) == len(plan)
         assert np.array_equal(dealt.source, source[dealt.plan.order])
         composition = np.zeros_like(dealt.composition)
         for pack, members in enumerate(dealt.plan):
             assert lengths[members].sum() <= 40
-            assert len(set(members.tolist())) == len(members)
+            doubled += len(members) - len(set(members.tolist()))
             np.add.at(composition[pack], source[members], measure[members])
+        assert doubled <= packed_doubled  # an exchange never puts a sample beside its copy
         assert np.allclose(composition, dealt.composition)
         found = window_deviation(composition, targets, window)
         assert (found.points, found.last_points) == pytest.approx(brute_batches(composition, targets, window))
@@ -342,10 +352,17 @@ def test_plan_mixture_packs_every_entry_once_within_the_pack_and_reports_its_wor
     else:
         assert len(plan) == min(max_packs, len(plan_mixture(chosen, lengths, measure, pack_size).plan))
     composition = np.zeros((len(plan), len(weights)))
+    # one chunk (at most LEAST_CHUNK_PACKS packs' tokens): a pack holds a sample twice only where its
+    # copies outnumber the packs the chunk's tokens fill, and at most ceil(copies / those packs) times
+    tokens = int(lengths[chosen.samples].sum())
+    fill_packs = -(-tokens // pack_size)
+    copies = np.bincount(chosen.samples, minlength=len(lengths))
     for pack in range(len(plan)):
         members = slice(plan.offsets[pack], plan.offsets[pack + 1])
         assert lengths[plan.order[members]].sum() <= pack_size
-        assert len(set(plan.order[members].tolist())) == len(plan.order[members])  # no sample twice
+        if tokens <= LEAST_CHUNK_PACKS * pack_size:
+            held = np.bincount(plan.order[members], minlength=len(lengths))
+            assert np.all(held <= -(-copies // fill_packs))
         np.add.at(composition[pack], mixed.source[members], measure[plan.order[members]])
     assert np.array_equal(source[plan.order], mixed.source)
     assert np.allclose(composition, mixed.composition)
@@ -383,17 +400,26 @@ def test_plan_mixture_packs_every_entry_once_within_the_pack_and_reports_its_wor
     st.integers(5, 120),
     st.integers(0, 3),
 )
-def test_pack_chunks_packs_every_entry_once_and_no_pack_holds_a_sample_twice(entries, chunk_tokens, seed):
-    """Every entry once, every pack within its size, and no pack holding one sample twice, whatever
-    the repetitions (copies in one chunk go to different packs of it)."""
+def test_pack_chunks_packs_every_entry_once_and_keeps_copies_apart_as_the_chunk_allows(
+    entries, chunk_tokens, seed
+):
+    """Every entry once, in a pack of its own chunk, every pack within its size; no pack holds a sample
+    twice, unless the sample has more copies in the chunk than the chunk's tokens fill packs (P): then
+    a pack holds at most ceil(copies / P) of them."""
     samples = np.array([sample for sample, _ in entries], dtype=np.int64)
     by_sample = {}
     lengths = np.array([by_sample.setdefault(sample, length) for sample, length in entries], dtype=np.int64)
     plan = pack_chunks(samples, lengths, 30, chunk_tokens, seed)
     assert sorted(plan.order.tolist()) == list(range(len(entries)))
+    chunk = (np.cumsum(lengths) - lengths) // chunk_tokens
     for pack in plan:
         assert lengths[pack].sum() <= 30
-        assert len(set(samples[pack].tolist())) == len(pack)
+        assert len(set(chunk[pack].tolist())) == 1
+        inside = chunk == chunk[pack[0]]
+        fill_packs = -(-int(lengths[inside].sum()) // 30)
+        for sample in set(samples[pack].tolist()):
+            copies = int(np.count_nonzero(inside & (samples == sample)))
+            assert np.count_nonzero(samples[pack] == sample) <= -(-copies // fill_packs)
     assert pack_chunks(samples, lengths, 30, chunk_tokens, seed).order.tolist() == plan.order.tolist()
 
 
@@ -653,3 +679,12 @@ def test_every_reachable_total_names_a_closest_mixture_that_is_accepted():
             lengths, supervised, source, closest, by=by, max_repetitions=cap, total_tokens=asked
         )
         assert abs(int(lengths[chosen.samples].sum()) - asked) < 1_000
+
+
+def test_a_source_with_nothing_to_mix_is_named_with_what_could_have_emptied_it():
+    lengths = np.array([5, 5, 5])
+    said = (
+        r"^b has no tokens to mix \(every sample of it was dropped or skipped as a bad row, or it has none\)"
+    )
+    with pytest.raises(InfeasibleMixtureError, match=said):
+        resolve_mixture(lengths, lengths, np.array([0, 0, -1]), [1, 1], by="tokens", names=["a", "b"])

@@ -267,8 +267,8 @@ def test_the_summary_counts_truncation_before_the_mixture_and_among_its_packs(
     sources, tmp_path, capsys, monkeypatch
 ):
     """A mixture truncates every sample before it chooses some: the summary lists those apart, and
-    under ``packed`` only the truncated samples the mixture packed (the manifest's per-source
-    ``truncated_packed``), not every truncated sample read."""
+    under ``packed`` only the sequences the mixture packed from truncated samples (the manifest's
+    per-source ``truncated_packed``, every copy), recounted from the packs."""
     from tightpack.cli import main
 
     from .test_cli import summary_value
@@ -283,9 +283,11 @@ def test_the_summary_counts_truncation_before_the_mixture_and_among_its_packs(
         "--pack-size",
         "256",
         "--weights",
-        "1,1",
+        "1,3",
         "--mix-packs",
-        "4",
+        "100",
+        "--max-repetitions",
+        "3",
     ]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -293,8 +295,17 @@ def test_the_summary_counts_truncation_before_the_mixture_and_among_its_packs(
     packed_truncated = sum(source["truncated_packed"] for source in manifest["mixture"]["sources"])
     read = summary_value(out, "truncated (before the mixture chose)")
     assert read == f"{manifest['counts']['truncated']:,}"
-    assert summary_value(out, "  of which truncated samples") == f"{packed_truncated:,}"
+    assert summary_value(out, "  of which truncated") == f"{packed_truncated:,}"
     assert 0 < packed_truncated < manifest["counts"]["truncated"]  # the long rows left out were cut too
+    cut = set(manifest["excluded"]["truncated"])
+    rows = np.concatenate(
+        [
+            np.asarray(r)
+            for r in pq.read_table(sorted((tmp_path / "out").glob("*.parquet")))["sample_index"].to_pylist()
+        ]
+    )
+    assert packed_truncated == sum(row in cut for row in rows.tolist())
+    assert packed_truncated > len(cut & set(rows.tolist()))  # copies of truncated samples count each
 
 
 def test_inspect_draws_the_batches_a_run_reads_and_its_html_holds_the_mixture_table(

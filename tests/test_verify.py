@@ -232,6 +232,9 @@ def test_a_folder_whose_every_shard_is_gone_names_them_from_the_manifest(packed,
     assert [(v.check, v.file, v.message) for v in report.violations] == [
         ("manifest", SHARD, "the manifest lists this file but it is missing")
     ]
+    cli = [sys.executable, "-m", "tightpack.cli", "verify", str(folder)]
+    said = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert said.returncode == 1 and said.stdout.splitlines()[-1] == f"FAILED: 1 faults in {folder}"
     (folder / "manifest.json").unlink()  # nothing left to say what was there: an error, as for any path
     with pytest.raises(TightpackError, match="No Parquet files found"):
         verify_packed(folder)

@@ -178,15 +178,16 @@ def verify(
         print(json.dumps(report.to_dict(), indent=2))
     else:
         checked = ", ".join(f"{value:,} {name.replace('_', ' ')}" for name, value in report.checked.items())
+        checked = f" ({checked})" if checked else ""  # nothing read: every shard gone
         for violation in report.violations:
             print(str(violation))
         hidden = sum(report.counts.values()) - len(report.violations)
         if hidden:
             print(f"... and {hidden:,} more (listed per check: {dict(report.counts)})")
         if report.ok:
-            print(f"OK: {report.path} ({checked})")
+            print(f"OK: {report.path}{checked}")
         else:
-            print(f"FAILED: {sum(report.counts.values()):,} faults in {report.path} ({checked})")
+            print(f"FAILED: {sum(report.counts.values()):,} faults in {report.path}{checked}")
     if not report.ok:
         raise typer.Exit(1)
 

@@ -151,8 +151,7 @@ def _unit_rows(result, layout: str) -> list[tuple[str, str]]:
 def _sample_rows(result) -> list[tuple[str, str]]:
     """The summary of a run of SFT samples. Every truncated sample of a run without a mixture is
     packed; a mixture truncates before it chooses, so its truncated samples (by reason) have their own
-    line, and under ``packed`` the truncated samples it packed are counted (each once, however many
-    copies)."""
+    line, and under ``packed`` the sequences it packed from truncated samples (every copy)."""
     counts = result.counts
     mixture = result.mixture
     reasons = [(key, label) for key, label in _TRUNCATION_LABELS.items() if counts.get(key)]
@@ -164,7 +163,7 @@ def _sample_rows(result) -> list[tuple[str, str]]:
         packed_truncated = sum(source["truncated_packed"] for source in mixture["sources"])
         under_packed = [
             ("  of which repeats (mixture)", f"{counts['mixture_repeats']:,}"),
-            ("  of which truncated samples", f"{packed_truncated:,}"),
+            ("  of which truncated", f"{packed_truncated:,}"),
             ("left out by the mixture", f"{counts['mixture_left_out']:,}"),
         ]
     else:

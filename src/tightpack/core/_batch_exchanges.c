@@ -274,7 +274,7 @@ int part_samples(Deal *d, Region *g, double aim, double *shift) {
     if (seen == NULL) return -1;
     for (int64_t i = 0; i < g->items; i++) {
         const int64_t bi = batch_of(d, g, g->pack[i]);
-        if (!meets_copy(d, g, i, bi, g->pack[i])) continue;
+        if (crowded(g, i) || !meets_copy(d, g, i, bi, g->pack[i])) continue; /* crowded: copies are not parted */
         mark_copy_batches(d, g, i, seen);
         const int64_t a = g->pack[i], free_a = d->pack_size - g->used[a], li = g->length[i];
         int64_t chosen = -1;

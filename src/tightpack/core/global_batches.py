@@ -106,7 +106,8 @@ def deal_batches(
     target shares (module docstring).
 
     Args:
-        plan: packs over sample indices, in planned order (no pack holds a sample twice).
+        plan: packs over sample indices, in planned order (no exchange puts a sample into a pack
+            that holds a copy of it).
         lengths: int ``[len(plan.order)]``: each entry's tokens in its pack.
         measure: ``[len(plan.order)]``: what each entry counts for.
         source: int ``[len(plan.order)]``: each entry's source.

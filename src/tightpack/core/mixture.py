@@ -182,8 +182,8 @@ def resolve_mixture(
     empty = np.flatnonzero(available == 0)
     if len(empty):
         raise InfeasibleMixtureError(
-            f"{names[empty[0]]} has no {_unit(by)} to mix (every sample of it was dropped, or it has "
-            "none): remove it from the mixture",
+            f"{names[empty[0]]} has no {_unit(by)} to mix (every sample of it was dropped or skipped as a "
+            "bad row, or it has none): remove it from the mixture",
             parameters=("weights",),
         )
     largest = float((max_repetitions * available / targets).min())  # total measure the cap allows

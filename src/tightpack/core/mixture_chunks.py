@@ -1,6 +1,7 @@
 """A mixture's stream packed in chunks (`pack_chunks`), the second step of
 `tightpack.core.mixture_plan.plan_mixture`: each chunk holds the mixture as every stretch of the
-stream does, and is packed apart; no pack holds a sample twice.
+stream does, and is packed apart; no pack holds a sample twice, unless the sample has more copies
+in its chunk than the chunk's tokens fill packs.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ def pack_chunks(
     samples: np.ndarray, lengths: np.ndarray, pack_size: int, chunk_tokens: int, seed: int = 0
 ) -> PackPlan:
     """Packs of a stream cut into chunks of ``chunk_tokens`` tokens, each chunk packed apart (first
-    fit, the large samples longest first, the small ones after them in stream order, no pack taking a
-    second copy of a sample) and its packs shuffled (seeded).
+    fit, the large samples longest first, the small ones after them in stream order, copies of a
+    sample in different packs) and its packs shuffled (seeded).
 
     Args:
         samples: int ``[num_entries]``: the sample of each entry, in stream order; copies of a sample in
-            one chunk go to different packs of it.
+            one chunk go to different packs of it, as far as the chunk's tokens fill packs
+            (`_copy_keys`).
         lengths: int ``[num_entries]``: each entry's tokens in the pack.
         pack_size: tokens per pack.
         chunk_tokens: the stream's tokens per chunk (at least one).
@@ -46,13 +48,15 @@ def pack_chunks(
     >>> plan = pack_chunks(np.array([0, 1, 2, 3]), np.array([3, 6, 4, 7]), 10, chunk_tokens=9)
     >>> sorted(sorted(pack.tolist()) for pack in plan)
     [[0, 1], [2], [3]]
-    >>> [pack.tolist() for pack in pack_chunks(np.array([5, 5]), np.array([1, 1]), 10, 100)]
-    [[0], [1]]
+    >>> [pack.tolist() for pack in pack_chunks(np.array([5, 5, 6]), np.array([3, 3, 6]), 10, 100)]
+    [[2, 0], [1]]
+    >>> [pack.tolist() for pack in pack_chunks(np.array([5, 5]), np.array([1, 1]), 10, 100)]  # one pack
+    [[0, 1]]
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     samples = np.asarray(samples, dtype=np.int64)
     chunk = (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1)
-    keys = _copy_keys(samples, chunk)
+    keys = _copy_keys(samples, chunk, lengths, pack_size)
     bounds = np.searchsorted(chunk, np.arange(int(chunk.max(initial=-1)) + 2))  # chunks follow the stream
     rng = np.random.default_rng([seed, len(samples)])
     orders, sizes = [], []
@@ -69,13 +73,19 @@ def pack_chunks(
     return PackPlan(order=order, offsets=np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
 
 
-def _copy_keys(samples: np.ndarray, chunk: np.ndarray) -> np.ndarray:
-    """Each entry's key for `first_fit_apart` within its chunk: the same for the copies of a sample in
-    one chunk (the place in the chunk of the first of them), -1 for an entry whose sample has no other
-    copy in its chunk (most of them: nothing to keep apart). ``chunk`` rises along the stream.
+def _copy_keys(samples: np.ndarray, chunk: np.ndarray, lengths: np.ndarray, pack_size: int) -> np.ndarray:
+    """Each entry's key for `first_fit_apart` within its chunk (the place there of the first copy its
+    key groups): the same for copies of a sample in one chunk, which then go to different packs; -1 for
+    an entry whose sample has no other copy in its chunk (most of them). A sample with more copies in a
+    chunk than the chunk's tokens fill packs (a few short rows repeated thousands of times) cannot keep
+    them all apart without packs of little else: its copies are dealt round into as few groups as leave
+    each group no more copies than that, and only the copies of one group are kept apart.
 
-    >>> _copy_keys(np.array([7, 7, 8, 7, 8, 9, 9]), np.array([0, 0, 0, 1, 1, 1, 1])).tolist()
+    >>> chunk = np.array([0, 0, 0, 1, 1, 1, 1])
+    >>> _copy_keys(np.array([7, 7, 8, 7, 8, 9, 9]), chunk, np.full(7, 5), 10).tolist()
     [0, 0, -1, -1, -1, 2, 2]
+    >>> _copy_keys(np.array([7, 7, 7, 7, 8]), np.zeros(5, dtype=np.int64), np.full(5, 4), 10).tolist()
+    [0, 1, 0, 1, -1]
     """
     keys = np.full(len(samples), -1, dtype=np.int64)
     if not len(samples):
@@ -87,11 +97,17 @@ def _copy_keys(samples: np.ndarray, chunk: np.ndarray) -> np.ndarray:
     np.not_equal(sorted_samples[1:], sorted_samples[:-1], out=starts[1:])
     starts[1:] |= sorted_chunks[1:] != sorted_chunks[:-1]
     run = np.cumsum(starts) - 1
-    shared = np.bincount(run)[run] > 1
-    if shared.any():
-        chunk_first = np.searchsorted(chunk, np.arange(int(chunk[-1]) + 1))
-        first_copy = copies[starts][run[shared]]  # stream place of the run's first entry
-        keys[copies[shared]] = first_copy - chunk_first[sorted_chunks[shared]]
+    counts = np.bincount(run)
+    shared = counts[run] > 1
+    if not shared.any():
+        return keys
+    chunk_first = np.searchsorted(chunk, np.arange(int(chunk[-1]) + 2))
+    chunk_packs = -(-np.add.reduceat(lengths, chunk_first[:-1]) // pack_size)  # the volume bound
+    run_start = np.flatnonzero(starts)
+    rank = np.arange(len(samples)) - run_start[run]  # which copy of its run, in stream order
+    groups = -(-counts[run] // np.maximum(chunk_packs[sorted_chunks], 1))
+    first_of_group = copies[run_start[run] + rank % groups]  # stream place of its group's first copy
+    keys[copies[shared]] = (first_of_group - chunk_first[sorted_chunks])[shared]
     return keys
 
 

@@ -158,7 +158,7 @@ def first_fit_apart(lengths: np.ndarray, keys: np.ndarray, pack_size: int) -> Pa
         keys: int ``[n]``: -1, or the item's key in ``0..n-1``.
         pack_size: tokens per pack.
 
-    >>> [pack.tolist() for pack in first_fit_apart(np.array([3, 3, 4]), np.array([7, 7, -1]), 10)]
+    >>> [pack.tolist() for pack in first_fit_apart(np.array([3, 3, 4]), np.array([1, 1, -1]), 10)]
     [[0, 2], [1]]
     """
     keys = np.ascontiguousarray(keys, dtype=np.int64)

@@ -318,7 +318,8 @@ def count_mixture(
     ``mixture_left_out`` the kept samples the mixture's subsample left out (their source rows in
     ``excluded``), ``mixture_repeats`` the copies past the first; tokens and supervised tokens packed
     are the output's, and lost are those of the input that never reached it. Each source of
-    ``run.report`` gains its rows, bad rows, truncated (packed) and dropped samples.
+    ``run.report`` gains its rows, bad rows, truncated sequences packed (every copy) and dropped
+    samples.
     """
     order, chosen = run.plan.order, run.chosen
     tokens, supervised = measures["tokens"], measures["supervised"]
@@ -343,10 +344,11 @@ def count_mixture(
     rows_per_source = np.diff(np.append(starts, report.rows_read))
     rows = np.bincount(owners, rows_per_source, minlength=count)
     bad = np.bincount(input_of_row([row.sample_index for row in report.bad_rows]), minlength=count)
-    truncated_samples = np.searchsorted(store.source_index, np.asarray(excluded["truncated"], dtype=np.int64))
-    truncated = np.bincount(
-        input_of_row(np.asarray(excluded["truncated"], dtype=np.int64)[chosen[truncated_samples]]),
-        minlength=count,
+    truncated_rows = np.asarray(excluded["truncated"], dtype=np.int64)
+    truncated_samples = np.searchsorted(store.source_index, truncated_rows)
+    copies = np.bincount(order, minlength=len(chosen))  # every copy of a truncated sample counts
+    truncated = np.bincount(input_of_row(truncated_rows), copies[truncated_samples], minlength=count).astype(
+        int
     )
     dropped_rows = np.concatenate(
         [np.asarray(excluded[reason], dtype=np.int64) for reason in ("dropped_long", "no_supervised")]

@@ -147,11 +147,14 @@ def worst_batch(windows: dict[str, Any]) -> str:
 
     >>> worst_batch({"window_packs": 64, "worst_points": 0.4, "worst_first_pack": 128})
     'global batch of 64 packs: 0.40 points off (batch 2, packs 128-191)'
+    >>> worst_batch({"window_packs": 1, "worst_points": 12.5, "worst_first_pack": 16})
+    'global batch of 1 pack: 12.50 points off (batch 16, pack 16)'
     """
     size, first = windows["window_packs"], windows["worst_first_pack"]
+    where = f"pack {first:,}" if size == 1 else f"packs {first:,}-{first + size - 1:,}"
     return (
-        f"global batch of {size:,} packs: {windows['worst_points']:.2f} points off "
-        f"(batch {first // max(size, 1):,}, packs {first:,}-{first + size - 1:,})"
+        f"global batch of {size:,} pack{'s' * (size != 1)}: {windows['worst_points']:.2f} points off "
+        f"(batch {first // max(size, 1):,}, {where})"
     )
 
 
