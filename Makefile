@@ -83,7 +83,7 @@ BENCH_SIZE := $(if $(FULL),--full,)
 BENCH_MACHINE ?= $(TIGHTPACK_BENCH_MACHINE)
 BENCHES := planner pipeline memory runtime token_budget online mrope probe chat_templates \
 	collate_truncation training balance balance_steps engines driver_memory scaling preference step_planner \
-	mixture
+	mixture mixture_stress
 bench: $(VENV)/.installed-bench
 	@for name in $(BENCHES); do \
 		echo "== benchmarks/bench_$$name.py $(BENCH_SIZE)"; \
