@@ -812,3 +812,11 @@ def test_a_truncated_row_is_packed_unless_the_mixture_left_it_out(sources, tmp_p
         "so packed unless the mixture left it out (excluded.mixture_left_out) (the manifest or the packs "
         "changed after packing)"
     ]
+
+
+def test_a_mixture_without_its_manifest_says_why_its_repeats_count_as_faults(mixed, tmp_path):
+    folder = tmp_path / "bare"
+    shutil.copytree(mixed, folder)
+    (folder / MANIFEST_NAME).unlink()
+    repeats = [v.message for v in verify_packed(folder).violations if "is packed twice" in v.message]
+    assert repeats and all("with no manifest.json no repeat is allowed" in message for message in repeats)

@@ -143,9 +143,11 @@ def check_coverage(
             if copies == 1
             else f"{copies + 1} times or more (the mixture repeats it {copies} at most)"
         )
+        unknown = "; with no manifest.json no repeat is allowed (a run that mixes repeats samples)"
         report.add(
             "coverage",
-            f"source sample {indices[order[at]]} is packed {times} (rows {first} and {again})",
+            f"source sample {indices[order[at]]} is packed {times} (rows {first} and {again})"
+            + (unknown if manifest is None else ""),
             row=int(again),
         )
     if manifest is None:
