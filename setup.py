@@ -14,6 +14,7 @@ setup(
             "tightpack.core._global_batches",
             sources=[
                 "src/tightpack/core/_global_batches.c",
+                "src/tightpack/core/_batch_copies.c",
                 "src/tightpack/core/_batch_exchanges.c",
                 "src/tightpack/core/_batch_order.c",
             ],

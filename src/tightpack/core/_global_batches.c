@@ -12,9 +12,9 @@
  *      squared share deviation plus `balance` times the squared distance from a mean batch (the
  *      largest FULL_SCAN_SHARE of them weighed against every batch, the others against FEW_BATCHES,
  *      `cheapest`); a batch holding a copy of one of its samples is passed over unless every batch
- *      with room does; then a pack put with a copy is exchanged with a pack of another batch where
- *      neither holds a copy (`part_copies`), and a sample still beside its copy with a sample of
- *      another batch (`part_samples`);
+ *      with room does; then (_batch_copies.c) a pack put with a copy is exchanged with a pack of
+ *      another batch where neither holds a copy (`part_copies`), and a sample still beside its copy
+ *      with a sample of another batch (`part_samples`);
  *   2. exchanges (_batch_exchanges.c: `exchange_rounds`, `improve`), until every full batch is within
  *      `aim` (a fraction) or none can be made better, at most `rounds_per_batch` rounds a batch. Each
  *      round takes the worst full batch (when no exchange makes it better, the next worst above the

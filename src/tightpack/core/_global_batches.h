@@ -1,7 +1,7 @@
-/* What the three parts of the global-batch deal share: the deal and a region's state, and the helpers
- * they use. _global_batches.c sets a region up and deals its packs (step 1); _batch_exchanges.c parts
- * copies and makes the exchanges (step 2); _batch_order.c puts the batches and their packs in order
- * (step 3). The rule is in tightpack/core/global_batches.py; how it runs, in _global_batches.c's
+/* What the four parts of the global-batch deal share: the deal and a region's state, and the helpers
+ * they use. _global_batches.c sets a region up and deals its packs (step 1); _batch_copies.c parts
+ * copies and _batch_exchanges.c makes the exchanges (step 2); _batch_order.c puts the batches and
+ * their packs in order (step 3). The rule is in tightpack/core/global_batches.py; how it runs, in _global_batches.c's
  * opening comment. */
 #ifndef TIGHTPACK_GLOBAL_BATCHES_H
 #define TIGHTPACK_GLOBAL_BATCHES_H
@@ -94,10 +94,47 @@ static inline void refresh(const Deal *d, Region *g, Py_ssize_t b) {
     g->furthest[b] = worst;
 }
 
-/* Step 2 (_batch_exchanges.c). part_copies and part_samples return -1 when out of memory. */
+/* 1 when item `i`, moved into pack `p` of batch `b`, would meet a copy of its sample: in `p`, or (the
+ * sample not `crowded`) in another pack of `b`. A crowded sample's copies are many: the pack's few
+ * items are looked at instead. */
+static inline int meets_copy(const Deal *d, const Region *g, int64_t i, int64_t b, int64_t p) {
+    if (crowded(g, i)) {
+        for (int64_t e = g->held_from[p]; e < g->held_from[p + 1]; e++)
+            if (g->held[e] != i && g->sample[g->held[e]] == g->sample[i]) return 1;
+        return 0;
+    }
+    for (int64_t k = g->copies_from[i]; k < g->copies_to[i]; k++) {
+        const int64_t o = g->copies[k];
+        if (o != i && batch_of(d, g, g->pack[o]) == b) return 1;
+    }
+    return 0;
+}
+
+/* The next sample nearest item `i`'s length `li` (the nearer of the next longer, `*up`, and the next
+ * shorter, `*down`); -1 for a longer one past `longest` (it would overfill the pack of `i`), after
+ * which no longer one is looked at. */
+static inline int64_t next_nearest(const Region *g, int64_t *up, int64_t *down, int64_t li, int64_t longest) {
+    if (*up < g->items && (*down < 0 || g->length[*up] - li <= li - g->length[*down])) {
+        const int64_t j = (*up)++;
+        if (g->length[j] <= longest) return j;
+        *up = g->items;
+        return -1;
+    }
+    return (*down)--;
+}
+
+/* 1 when item `j`'s pack has room for a sample of `li` tokens in place of `j`. */
+static inline int room_for(const Deal *d, const Region *g, int64_t j, int64_t li) {
+    return li <= g->length[j] + d->pack_size - g->used[g->pack[j]];
+}
+
+/* Step 2: copies parted (_batch_copies.c; -1 when out of memory), then the exchanges
+ * (_batch_exchanges.c, which also makes the moves both use). */
 int part_copies(Deal *d, Region *g, double *shift);
 int part_samples(Deal *d, Region *g, double aim, double *shift);
 Py_ssize_t exchange_rounds(Deal *d, Region *g, Py_ssize_t rounds, double aim, double *shift);
+void exchange_samples(Deal *d, Region *g, int64_t i, int64_t j); /* items i and j trade packs */
+void exchange_packs(Deal *d, Region *g, Py_ssize_t w, int64_t p, int64_t q); /* packs p (of w) and q trade batches */
 
 /* Step 3 (_batch_order.c): the region's packs into `out` [batches * batch_packs] in the order a run
  * reads them: its batches (a partial last one last), then each batch's packs, each in the order that
