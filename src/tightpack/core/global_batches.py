@@ -38,7 +38,7 @@ packs of a region of ``region_batches`` batches are dealt among its batches in t
    earliest planned on a tie): a stretch of packs that straddles two batches, the end of one and the
    start of the next, then holds the targets nearly as well as a batch does.
 
-The worst full batch is what `tightpack.core.mixture_plan.window_deviation` counts; how close it comes
+The worst full batch is what `tightpack.core.mixture_windows.window_deviation` counts; how close it comes
 is data-dependent (a sample whose measure is a large part of a batch's share needs samples dense in
 the other sources around it), and nothing here promises a bound: the plan reports the count.
 """

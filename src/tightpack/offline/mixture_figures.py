@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tightpack.core.mixture import sample_measure
-from tightpack.core.mixture_plan import window_deviation
+from tightpack.core.mixture_windows import window_deviation
 
 __all__ = ["PackedFigures", "packed_figures"]
 
@@ -36,7 +36,7 @@ class PackedFigures:
         sources: one dict per source, its keys those of ``mixture.sources``: ``share``,
             ``token_share``, ``supervised_share``, ``samples_packed``, ``sequences``, ``tokens``,
             ``supervised_tokens``, ``worst_window_points``.
-        windows: ``mixture.windows`` (`tightpack.core.mixture_plan.WindowDeviation.to_dict`).
+        windows: ``mixture.windows`` (`tightpack.core.mixture_windows.WindowDeviation.to_dict`).
         window_shares: ``mixture.window_shares``: the shares of consecutive windows from pack 0.
         measure: float64 ``[num_sources]``: the ``mix_by`` measure packed, every copy counted.
         distinct_measure: float64 ``[num_sources]``: the measure of the distinct samples packed (each
@@ -76,7 +76,7 @@ def packed_figures(
         packs: the number of packs.
         by: what the weights count (`tightpack.core.mixture.MIX_BY`).
         targets: float64 ``[num_sources]``: the target shares.
-        window: packs per window (`tightpack.core.mixture_plan.window_deviation`).
+        window: packs per window (`tightpack.core.mixture_windows.window_deviation`).
 
     >>> figures = packed_figures(
     ...     np.array([0, 1, 0, 1]), np.array([0, 5, 0, 6]), np.array([4, 2, 4, 2]), np.array([1, 2, 1, 2]),
