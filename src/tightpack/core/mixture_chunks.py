@@ -1,7 +1,7 @@
 """A mixture's stream packed in chunks (`pack_chunks`), the second step of
 `tightpack.core.mixture_plan.plan_mixture`: each chunk holds the mixture as every stretch of the
 stream does, and is packed apart; no pack holds a sample twice, unless the sample has more copies
-in its chunk than the chunk's tokens fill packs.
+in its chunk than half the packs the chunk's tokens fill.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def pack_chunks(
 
     Args:
         samples: int ``[num_entries]``: the sample of each entry, in stream order; copies of a sample in
-            one chunk go to different packs of it, as far as the chunk's tokens fill packs
+            one chunk go to different packs of it, as far as the chunk's packs allow
             (`_copy_keys`).
         lengths: int ``[num_entries]``: each entry's tokens in the pack.
         pack_size: tokens per pack.
@@ -77,15 +77,15 @@ def _copy_keys(samples: np.ndarray, chunk: np.ndarray, lengths: np.ndarray, pack
     """Each entry's key for `first_fit_apart` within its chunk (the place there of the first copy its
     key groups): the same for copies of a sample in one chunk, which then go to different packs; -1 for
     an entry whose sample has no other copy in its chunk (most of them). A sample with more copies in a
-    chunk than the chunk's tokens fill packs (a few short rows repeated thousands of times) cannot keep
-    them all apart without packs of little else: its copies are dealt round into as few groups as leave
-    each group no more copies than that, and only the copies of one group are kept apart.
+    chunk than half the packs the chunk's tokens fill (a few short rows repeated thousands of times)
+    cannot keep them all apart without packs of little else: its copies are dealt round into as few
+    groups as leave each group no more copies than that, and only the copies of one group are kept
+    apart (half, not all, of the packs: a group as large as the packs leaves its last copies no pack
+    with room but new ones).
 
-    >>> chunk = np.array([0, 0, 0, 1, 1, 1, 1])
-    >>> _copy_keys(np.array([7, 7, 8, 7, 8, 9, 9]), chunk, np.full(7, 5), 10).tolist()
-    [0, 0, -1, -1, -1, 2, 2]
-    >>> _copy_keys(np.array([7, 7, 7, 7, 8]), np.zeros(5, dtype=np.int64), np.full(5, 4), 10).tolist()
-    [0, 1, 0, 1, -1]
+    >>> chunk = np.array([0, 0, 0, 0, 0, 0, 1])  # the first chunk's tokens fill 6 packs: 3 copies a group
+    >>> _copy_keys(np.array([7, 7, 8, 8, 8, 8, 9]), chunk, np.full(7, 5), 5).tolist()
+    [0, 0, 2, 3, 2, 3, -1]
     """
     keys = np.full(len(samples), -1, dtype=np.int64)
     if not len(samples):
@@ -105,7 +105,7 @@ def _copy_keys(samples: np.ndarray, chunk: np.ndarray, lengths: np.ndarray, pack
     chunk_packs = -(-np.add.reduceat(lengths, chunk_first[:-1]) // pack_size)  # the volume bound
     run_start = np.flatnonzero(starts)
     rank = np.arange(len(samples)) - run_start[run]  # which copy of its run, in stream order
-    groups = -(-counts[run] // np.maximum(chunk_packs[sorted_chunks], 1))
+    groups = -(-counts[run] // np.maximum(chunk_packs[sorted_chunks] // 2, 1))
     first_of_group = copies[run_start[run] + rank % groups]  # stream place of its group's first copy
     keys[copies[shared]] = (first_of_group - chunk_first[sorted_chunks])[shared]
     return keys

@@ -14,7 +14,7 @@ steps:
    least `LEAST_CHUNK_PACKS` packs' worth); each chunk is packed apart, first fit with the large
    samples longest first and the small ones after them in stream order (first fit decreasing over
    all, or first fit in stream order where the chunk holds copies of a sample, where that saves
-   more), copies of a sample in different packs (as far as the chunk's tokens fill packs), and its
+   more), copies of a sample in different packs (as far as the chunk's packs allow), and its
    packs are shuffled. A chunk holds
    the mixture, as every stretch of the stream does, and fills about as a packing of the whole
    would.
@@ -27,7 +27,7 @@ What is guaranteed is what is measured: `window_deviation` counts, over every gl
 against its target, exactly; the plan carries the worst batch, and ``tolerance`` turns a worst batch
 past it into an error (`MixtureWindowError`) instead of an output. The whole output's shares are
 `resolve_mixture`'s, to half a sample per source; copies of a sample are kept in different packs
-(unless they outnumber the packs their chunk's tokens fill) and in different global batches where the
+(unless they outnumber half the packs their chunk's tokens fill) and in different global batches where the
 deal finds a way (a sample with more copies than a region has batches is not kept apart).
 """
 
