@@ -601,6 +601,11 @@ INSPECT_MALFORMED = [
     (lambda m: m["mixture"]["sources"][0].update(share="x"), "mixture.sources[0].share is 'x'"),
     (lambda m: m["mixture"]["windows"].update(worst_points=None), "mixture.windows.worst_points is None"),
     (lambda m: m["mixture"]["window_shares"].append([1]), "mixture.window_shares is not a list of 3"),
+    (lambda m: m["mixture"].update(mix_by="bogus"), "mixture.mix_by is 'bogus', not one of tokens"),
+    (lambda m: m["mixture"]["windows"].update(worst_source=99), "mixture.windows.worst_source is 99"),
+    (lambda m: m["mixture"]["windows"].update(worst_first_pack=10**9), "mixture.windows.worst_first_pack is"),
+    (lambda m: m["mixture"]["windows"].update(last_batch_packs=5000), "mixture.windows.last_batch_packs is"),
+    (lambda m: m["mixture"]["window_shares"].pop(), "mixture.window_shares has"),  # one batch fewer
 ]
 
 

@@ -105,6 +105,7 @@ CASES = [
         for name, bad, match in [
             ("pair", [["p/a", "p/b"]], r"must be a \(sources, weights\) pair; it has 1 lists"),
             ("order", [[0.5, 0.5], ["p/a", "p/b"]], r"holds sources then weights"),
+            ("quoted", [["p/a", "p/b"], ["0.5", 0.5]], r"weights must be numbers, not strings: \['0.5'\]"),
             ("one-source", [["p/a"], [1.0]], r"at least two sources \(got 1\)"),
             ("lengths", [["p/a", "p/b"], [0.5]], r"same length \(2 sources, 1 weights\)"),
             ("weight", [["p/a", "p/b"], [0.5, 0]], r"weight 1 must be finite and greater than 0, got 0"),

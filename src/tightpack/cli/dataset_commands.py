@@ -76,7 +76,7 @@ def inspect(
         rows.append(("pack cost, coefficient of variation", f"{cost['cv']:.3f}"))
     manifest = summary.get("manifest")
     mixture = manifest.get("mixture") if manifest else None  # packed in its own order, whatever the algorithm
-    problem = mixture_problem(mixture) if mixture else None
+    problem = mixture_problem(mixture, packs=summary["packs"]) if mixture else None
     if problem:  # the rest is shown; `tightpack verify` tells what changed
         stderr.print(
             f"warning: the manifest's mixture section is not shown: {problem} (tightpack verify "

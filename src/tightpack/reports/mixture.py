@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tightpack.core.mixture import MIX_BY
 from tightpack.errors import TightpackError
 from tightpack.reports.plots import _HIGHLIGHT, _figure, fit_title
 
@@ -53,12 +54,15 @@ _COUNTS = ("samples_packed", "sequences", "tokens", "supervised_tokens")
 _OPTIONAL_COUNTS = ("rows", "truncated_packed", "dropped")
 
 
-def mixture_problem(mixture: Any) -> str | None:
+def mixture_problem(mixture: Any, packs: int | None = None) -> str | None:
     """What keeps ``tightpack inspect`` from showing a manifest's ``mixture`` section (the field and its
-    value), or None when every field it reads is there and of its kind.
+    value), or None when every field it reads is there, of its kind, and (given the dataset's
+    ``packs``) about these packs: as many global batches, the worst one among them.
 
     >>> mixture_problem({"mix_by": "tokens", "sources": 5})
     'mixture.sources is 5, not a list of sources'
+    >>> mixture_problem({"mix_by": "bogus"})
+    "mixture.mix_by is 'bogus', not one of tokens, supervised-tokens, samples"
     """
 
     def number(value: Any) -> bool:
@@ -69,8 +73,8 @@ def mixture_problem(mixture: Any) -> str | None:
 
     if not isinstance(mixture, dict):
         return f"mixture is {mixture!r}, not a section"
-    if not isinstance(mixture.get("mix_by"), str):
-        return f"mixture.mix_by is {mixture.get('mix_by')!r}, not a measure"
+    if mixture.get("mix_by") not in MIX_BY:
+        return f"mixture.mix_by is {mixture.get('mix_by')!r}, not one of {', '.join(MIX_BY)}"
     sources = mixture.get("sources")
     if not isinstance(sources, list) or not sources:
         return f"mixture.sources is {sources!r}, not a list of sources"
@@ -100,11 +104,29 @@ def mixture_problem(mixture: Any) -> str | None:
     ):
         if not fits(windows.get(key)):
             return f"mixture.windows.{key} is {windows.get(key)!r}"
+    window, first = windows["window_packs"], windows["worst_first_pack"]
+    worst_source = windows.get("worst_source")
+    if worst_source is not None and not (count(worst_source) and worst_source < len(sources)):
+        return f"mixture.windows.worst_source is {worst_source!r}, not one of its {len(sources)} sources"
+    if (windows.get("last_batch_packs") or 0) >= window:
+        return f"mixture.windows.last_batch_packs is {windows['last_batch_packs']!r}, a full batch or more"
     shares = mixture.get("window_shares")
     if not isinstance(shares, list) or not all(
         isinstance(row, list) and len(row) == len(sources) and all(number(v) for v in row) for row in shares
     ):
         return f"mixture.window_shares is not a list of {len(sources)} shares per global batch"
+    if packs is not None:  # the section against the packs it describes
+        batches = -(-packs // window)
+        if len(shares) != batches:
+            return (
+                f"mixture.window_shares has {len(shares):,} global batches, but the dataset's {packs:,} "
+                f"packs make {batches:,} of {window:,}"
+            )
+        if first % window or first >= packs:
+            return f"mixture.windows.worst_first_pack is {first:,}, not the first pack of one of its batches"
+        if (windows.get("last_batch_packs") or 0) != packs % window:
+            last = windows.get("last_batch_packs")
+            return f"mixture.windows.last_batch_packs is {last!r}, not {packs % window:,}"
     return None
 
 

@@ -322,9 +322,16 @@ def _packed_blend_shape(config: RunConfig, derived: DerivedValues) -> Iterator[I
     paths = [source for source in sources if isinstance(source, str)]
     numbers = [weight for weight in weights if not isinstance(weight, str)]
     if len(paths) != len(sources) or len(numbers) != len(weights):
+        quoted = (
+            [weight for weight in weights if isinstance(weight, str)] if len(paths) == len(sources) else []
+        )
         yield error(
-            f"packed_train_data_blend holds sources then weights; got {sources!r} and {weights!r}.",
-            f"Write the packed folders' paths first, then one number each: {example}.",
+            f"packed_train_data_blend's weights must be numbers, not strings: {quoted!r}."
+            if quoted
+            else f"packed_train_data_blend holds sources then weights; got {sources!r} and {weights!r}.",
+            f"Write each weight unquoted (0.5, not '0.5'): {example}."
+            if quoted
+            else f"Write the packed folders' paths first, then one number each: {example}.",
         )
         return
     if len(sources) < 2:
