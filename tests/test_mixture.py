@@ -688,3 +688,17 @@ def test_a_source_with_nothing_to_mix_is_named_with_what_could_have_emptied_it()
     )
     with pytest.raises(InfeasibleMixtureError, match=said):
         resolve_mixture(lengths, lengths, np.array([0, 0, -1]), [1, 1], by="tokens", names=["a", "b"])
+
+
+def test_a_source_too_large_for_the_largest_mixture_is_told_the_cap_that_makes_room():
+    """A 1-token source beside 6-token samples, 1:1: the largest mixture at the cap holds 1 token of
+    each, under half a sample; the message names the cap that gives the second source a sample, and
+    that cap does."""
+    lengths, source = np.array([1, 6, 6, 6]), np.array([0, 1, 1, 1])
+    with pytest.raises(
+        InfeasibleMixtureError, match=r"a larger mixture: max_repetitions 4 or more$"
+    ) as raised:
+        resolve_mixture(lengths, lengths, source, [1, 1], names=["one", "six"])
+    assert "max_repetitions" in raised.value.parameters
+    chosen = resolve_mixture(lengths, lengths, source, [1, 1], max_repetitions=4, names=["one", "six"])
+    assert (chosen.source == 1).any()

@@ -339,6 +339,7 @@ def test_measures_count_what_the_packs_hold_after_truncation():
         ({"weights": [1, 1]}, "2 mixture weights for 3 sources: give one weight per input"),
         ({"weights": [1, 0, 1]}, "mixture weight 0 of long must be a positive number"),
         ({"weights": [1, -2, 1]}, "mixture weight -2 of long must be a positive number"),
+        ({"weights": [1, True, 1]}, "mixture weight True of long must be a positive number"),
         ({"mix_by": "words"}, "unknown mix_by 'words'; choose one of tokens, supervised-tokens, samples"),
         ({"on_exhausted": "wrap"}, "on_exhausted must be one of stop, continue; got 'wrap'"),
         ({"max_repetitions": 0.5}, "max_repetitions must be a number >= 1"),

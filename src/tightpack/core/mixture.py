@@ -78,7 +78,8 @@ def check_weights(weights: Sequence[float], names: Sequence[str]) -> np.ndarray:
             parameters=("weights",),
         )
     for weight, name in zip(weights, names, strict=True):
-        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+        number = isinstance(weight, (int, float, np.integer, np.floating)) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight > 0):
             raise TightpackError(
                 f"mixture weight {weight!r} of {name} must be a positive number (leave the input out "
                 "instead of giving it weight 0)",
@@ -231,8 +232,9 @@ def resolve_mixture(
                 int(measure[(source == none) & (measure > 0)].min()),
                 by,
                 total_tokens is not None,
+                max_repetitions,
             ),
-            parameters=("total_tokens", "weights", "seed"),
+            parameters=("total_tokens", "weights", "seed", "max_repetitions"),
         )
     samples = np.concatenate(parts)
     return MixtureSelection(
@@ -275,15 +277,30 @@ def _last_pass(order: np.ndarray, measure: np.ndarray, quota: float, room: float
     return np.concatenate(taken) if taken else order[:0]
 
 
-def _takes_nothing(name: str, quota: float, first: int, smallest: int, by: str, has_total: bool) -> str:
+def _takes_nothing(
+    name: str, quota: float, first: int, smallest: int, by: str, has_total: bool, cap: float = 1.0
+) -> str:
     """The message of a source whose quota takes no sample. Its subsample takes a seeded order in turn
     (`_last_pass`): the quota is under half of each sample it tried, ``first`` the first of them (with
-    some measure), which the seed picks; under half of its ``smallest`` sample too, no seed takes one."""
+    some measure), which the seed picks; under half of its ``smallest`` sample too, no seed takes one.
+    Without a total, the largest mixture grows with the repetition cap ``cap``: where a cap up to 100
+    times larger would give the source a sample, the message names it.
+
+    >>> _takes_nothing("a.jsonl", 2.0, 6, 6, "tokens", False, 1.0).split(": ")[-1]
+    'max_repetitions 2 or more'
+    """
     unit = _unit(by)
     text = f"the mixture takes nothing of {name}: its quota of {quota:.1f} {unit} is under half of "
     if 2 * quota <= smallest:
         text += f"its smallest sample ({smallest:,} {unit}), whatever the seed; "
         if not has_total:
+            needed = cap * smallest / (2 * quota) if quota > 0 else math.inf  # quotas grow with the cap
+            if needed <= 100 * cap:
+                larger = math.floor(needed) + 1
+                return (
+                    text + "its weight is too small for any sample of the largest mixture the cap allows: "
+                    f"give it a larger weight, or a larger mixture: max_repetitions {larger:g} or more"
+                )
             return text + "its weight is too small for any sample: give it a larger weight"
     else:
         text += (
