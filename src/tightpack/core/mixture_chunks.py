@@ -32,7 +32,8 @@ def pack_chunks(
 ) -> PackPlan:
     """Packs of a stream cut into chunks of ``chunk_tokens`` tokens, each chunk packed apart (first
     fit, the large samples longest first, the small ones after them in stream order, copies of a
-    sample in different packs) and its packs shuffled (seeded).
+    sample in different packs) and its packs shuffled (seeded). A chunk ends a pack or so below
+    full: its packs under half full (not already carried once) are packed again with the next chunk.
 
     Args:
         samples: int ``[num_entries]``: the sample of each entry, in stream order; copies of a sample in
@@ -56,18 +57,29 @@ def pack_chunks(
     lengths = np.asarray(lengths, dtype=np.int64)
     samples = np.asarray(samples, dtype=np.int64)
     chunk = (np.cumsum(lengths) - lengths) // max(int(chunk_tokens), 1)
-    keys = _copy_keys(samples, chunk, lengths, pack_size)
     bounds = np.searchsorted(chunk, np.arange(int(chunk.max(initial=-1)) + 2))  # chunks follow the stream
     rng = np.random.default_rng([seed, len(samples)])
     orders, sizes = [], []
-    for first, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        if first == stop:
+    carried = np.zeros(0, dtype=np.int64)  # the previous chunk's packs under half full, unpacked
+    last = len(bounds) - 2
+    for index, (first, stop) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        entries = np.concatenate([carried, np.arange(first, stop, dtype=np.int64)])
+        if not len(entries):
             continue
-        part, plan = _pack_chunk(lengths[first:stop], keys[first:stop], pack_size)
-        shuffled = rng.permutation(len(plan))
-        part_sizes = plan.pack_sizes[shuffled]
-        orders.append(first + part[plan.order[concatenated_ranges(plan.offsets[shuffled], part_sizes)]])
-        sizes.append(part_sizes)
+        part_lengths = lengths[entries]
+        keys = _copy_keys(samples[entries], np.zeros(len(entries), dtype=np.int64), part_lengths, pack_size)
+        part, plan = _pack_chunk(part_lengths, keys, pack_size)
+        placed = entries[part[plan.order]]  # stream places, pack by pack
+        keep = np.ones(len(plan), dtype=bool)
+        if index < last:  # a chunk ends a pack or so below full: those packs join the next chunk
+            loads = np.add.reduceat(lengths[placed], plan.offsets[:-1]) if len(placed) else np.zeros(0)
+            fresh = np.minimum.reduceat(placed >= first, plan.offsets[:-1]).astype(bool)  # not carried twice
+            keep = ~((2 * loads < pack_size) & fresh)
+        carried = placed[concatenated_ranges(plan.offsets[:-1][~keep], plan.pack_sizes[~keep])]
+        kept_offsets, kept_sizes = plan.offsets[:-1][keep], plan.pack_sizes[keep]
+        shuffled = rng.permutation(len(kept_sizes))
+        orders.append(placed[concatenated_ranges(kept_offsets[shuffled], kept_sizes[shuffled])])
+        sizes.append(kept_sizes[shuffled])
     order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
     size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
     return PackPlan(order=order, offsets=np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
