@@ -41,6 +41,7 @@
  * time than weighing every pack against every batch, and reaches the same batches. */
 #define FULL_SCAN_SHARE 0.3
 #define FEW_BATCHES 8
+#define LAZY_LOOKS 4 /* batches `cheapest` checks for a copy one by one before marking every one */
 
 typedef struct {
     double key;
@@ -77,36 +78,6 @@ static void place_in(const Deal *d, Region *g, int64_t p, Py_ssize_t b) {
     for (Py_ssize_t s = 0; s < S; s++) g->sums[b * S + s] += row(d, g, p)[s];
 }
 
-/* The batch of the region `g` (of `B`, numbered from 0) where pack `p` costs least among `span`
- * batches from `start` (wrapping round), passing over full batches (`closed`: INFINITY) and those
- * holding a copy of one of its samples (`holds_copy[b] == mark`); when every one weighed is full or
- * holds a copy, -1, or for a span of every batch the cheapest with room. A batch's cost, less what is
- * the same for every batch: sum_s step_s off_sb + scaled_s rel_sb. */
-static Py_ssize_t cheapest(const Deal *d, const Region *g, double *cost, const double *closed, const double *step,
-                           const double *scaled, const double *off, const double *rel, const int64_t *holds_copy,
-                           int64_t mark, Py_ssize_t start, Py_ssize_t span) {
-    const Py_ssize_t S = d->sources, B = g->batches;
-    const Py_ssize_t ranges[2][2] = {{start, start + span < B ? start + span : B},
-                                     {0, start + span > B ? start + span - B : 0}};
-    for (int r = 0; r < 2; r++) {
-        const Py_ssize_t from = ranges[r][0], to = ranges[r][1];
-        memcpy(cost + from, closed + from, sizeof(double) * (size_t)(to - from));
-        for (Py_ssize_t s = 0; s < S; s++) {
-            const double *o = off + s * B, *q = rel + s * B;
-            for (Py_ssize_t b = from; b < to; b++) cost[b] += step[s] * o[b] + scaled[s] * q[b];
-        }
-    }
-    Py_ssize_t pick = -1, fallback = -1; /* the cheapest holding no copy; the cheapest of all */
-    for (int r = 0; r < 2; r++)
-        for (Py_ssize_t b = ranges[r][0]; b < ranges[r][1]; b++) {
-            if (!(cost[b] < INFINITY)) continue;
-            if (fallback < 0 || cost[b] < cost[fallback]) fallback = b;
-            if (holds_copy[b] != mark && (pick < 0 || cost[b] < cost[pick])) pick = b;
-        }
-    if (pick >= 0) return pick;
-    return span == B ? fallback : -1; /* each holds a copy: the cheapest, of all */
-}
-
 /* Marks `holds_copy[b] = mark` at every batch `b` of the region that holds a copy of one of pack `p`'s
  * samples (not `crowded`) in another pack (one pass over their copies, not one per batch weighed). */
 static void mark_copies(const Deal *d, const Region *g, int64_t p, int64_t *holds_copy, int64_t mark) {
@@ -118,6 +89,49 @@ static void mark_copies(const Deal *d, const Region *g, int64_t p, int64_t *hold
             if (q != p && batch_of(d, g, q) >= 0) holds_copy[batch_of(d, g, q) - g->first_batch] = mark;
         }
     }
+}
+
+/* The batch of the region `g` (of `B`, numbered from 0) where pack `p` costs least among `span`
+ * batches from `start` (wrapping round), passing over full batches (`closed`: INFINITY) and those
+ * holding a copy of one of its samples; when every one weighed is full or holds a copy, -1, or for a
+ * span of every batch the cheapest with room. A batch's cost, less what is the same for every batch:
+ * sum_s step_s off_sb + scaled_s rel_sb. The cheapest few are looked at one by one (most hold no
+ * copy); past LAZY_LOOKS, the batches holding a copy are marked at once (`mark_copies`, `*marked`). */
+static Py_ssize_t cheapest(const Deal *d, const Region *g, int64_t p, double *cost, const double *closed,
+                           const double *step, const double *scaled, const double *off, const double *rel,
+                           int64_t *holds_copy, int64_t mark, int *marked, Py_ssize_t start, Py_ssize_t span) {
+    const Py_ssize_t S = d->sources, B = g->batches;
+    const Py_ssize_t ranges[2][2] = {{start, start + span < B ? start + span : B},
+                                     {0, start + span > B ? start + span - B : 0}};
+    for (int r = 0; r < 2; r++) {
+        const Py_ssize_t from = ranges[r][0], to = ranges[r][1];
+        memcpy(cost + from, closed + from, sizeof(double) * (size_t)(to - from));
+        for (Py_ssize_t s = 0; s < S; s++) {
+            const double *o = off + s * B, *q = rel + s * B;
+            for (Py_ssize_t b = from; b < to; b++) cost[b] += step[s] * o[b] + scaled[s] * q[b];
+        }
+    }
+    Py_ssize_t fallback = -1; /* the cheapest of all, with or without a copy */
+    for (int looks = 0; looks < LAZY_LOOKS; looks++) {
+        Py_ssize_t pick = -1;
+        for (int r = 0; r < 2; r++)
+            for (Py_ssize_t b = ranges[r][0]; b < ranges[r][1]; b++)
+                if (cost[b] < INFINITY && (pick < 0 || cost[b] < cost[pick])) pick = b;
+        if (pick < 0) return span == B ? fallback : -1; /* each holds a copy: the cheapest, of all */
+        if (fallback < 0) fallback = pick;
+        if (!pack_meets_copy(d, g, p, g->first_batch + pick, -1)) return pick;
+        cost[pick] = INFINITY;
+    }
+    if (!*marked) {
+        mark_copies(d, g, p, holds_copy, mark);
+        *marked = 1;
+    }
+    Py_ssize_t pick = -1;
+    for (int r = 0; r < 2; r++)
+        for (Py_ssize_t b = ranges[r][0]; b < ranges[r][1]; b++)
+            if (cost[b] < INFINITY && holds_copy[b] != mark && (pick < 0 || cost[b] < cost[pick])) pick = b;
+    if (pick >= 0) return pick;
+    return span == B ? fallback : -1;
 }
 
 /* Step 1: returns -1 when out of memory. */
@@ -165,11 +179,12 @@ static int greedy(Deal *d, Region *g, double balance) {
          * region), every batch for the largest packs, FEW_BATCHES for the others */
         const Py_ssize_t start = (Py_ssize_t)fmod((double)k * 0.6180339887498949 * (double)B, (double)B);
         Py_ssize_t chosen = -1;
-        mark_copies(d, g, p, holds_copy, k + 1);
+        int marked = 0;
         if (k >= every && FEW_BATCHES < B)
-            chosen = cheapest(d, g, cost, closed, step, scaled, off, rel, holds_copy, k + 1, start, FEW_BATCHES);
+            chosen = cheapest(d, g, p, cost, closed, step, scaled, off, rel, holds_copy, k + 1, &marked, start,
+                              FEW_BATCHES);
         if (chosen < 0) /* a large pack, or every one of the few full or holding a copy */
-            chosen = cheapest(d, g, cost, closed, step, scaled, off, rel, holds_copy, k + 1, start, B);
+            chosen = cheapest(d, g, p, cost, closed, step, scaled, off, rel, holds_copy, k + 1, &marked, start, B);
         place_in(d, g, p, chosen);
         if (g->count[chosen] == g->capacity[chosen]) closed[chosen] = INFINITY;
         const double *sum = g->sums + chosen * S;
