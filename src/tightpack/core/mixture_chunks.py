@@ -140,9 +140,10 @@ def _pack_chunk(lengths: np.ndarray, keys: np.ndarray, pack_size: int) -> tuple[
         tighter = first_fit_apart(lengths[decreasing], keys[decreasing], pack_size)
         if len(tighter) < min(len(plan) - 1, len(plan) * (1 - SORTED_SAVES)):
             mixed, plan = decreasing, tighter
-    if (keys >= 0).any() and floor < len(plan):
-        # copies to keep apart: sorted by length they fill packs among themselves and leave the
-        # copies packs of their own; in stream order a copy sits beside what the stream puts near it
+    if 4 * np.count_nonzero(keys >= 0) >= len(keys) and floor < len(plan):
+        # many copies to keep apart (a quarter of the chunk or more): sorted by length they fill packs
+        # among themselves and leave the copies packs of their own; in stream order a copy sits beside
+        # what the stream puts near it
         in_order = first_fit_apart(lengths, keys, pack_size)
         if len(in_order) < len(plan):
             return np.arange(len(lengths)), in_order

@@ -13,11 +13,10 @@ steps:
    chunks of about ``chunk_packs`` packs' tokens (at most a pass of the most repeated source, at
    least `LEAST_CHUNK_PACKS` packs' worth); each chunk is packed apart, first fit with the large
    samples longest first and the small ones after them in stream order (first fit decreasing over
-   all, or first fit in stream order where the chunk holds copies of a sample, where that saves
-   more), copies of a sample in different packs (as far as the chunk's packs allow); its packs
-   under half full join the next chunk, and its packs are shuffled. A chunk holds
-   the mixture, as every stretch of the stream does, and fills about as a packing of the whole
-   would.
+   all, or first fit in stream order where a quarter of the chunk are copies kept apart, where that
+   saves more), copies of a sample in different packs (as far as the chunk's packs allow); its
+   packs under half full join the next chunk, and its packs are shuffled. A chunk holds the
+   mixture, as every stretch of the stream does, and fills about as a packing of the whole would.
 3. **Deal into global batches** (`tightpack.core.global_batches.deal_batches`): the packs are dealt
    into batches of ``window`` packs, each batch holding the targets: a greedy deal, then exchanges
    of samples of about equal length (or of packs) between the worst batch and the others.
