@@ -33,15 +33,6 @@ static Py_ssize_t leftmost_with_room(const int64_t *tree, Py_ssize_t leaves, Py_
     return node - leaves;
 }
 
-static void update(int64_t *tree, Py_ssize_t node) {
-    for (node >>= 1; node >= 1; node >>= 1) {
-        const int64_t left = tree[2 * node], right = tree[2 * node + 1];
-        const int64_t best = left >= right ? left : right;
-        if (tree[node] == best) break; /* the nodes above hold what they held */
-        tree[node] = best;
-    }
-}
-
 /* Returns the bins opened. `keys` [n]: -1 or a key in 0..n-1; `last` [n]: the bin of each key's
  * latest item, -1 before it has one. */
 static Py_ssize_t apart_kernel(const int64_t *lengths, const int64_t *keys, Py_ssize_t n, int64_t capacity,
@@ -56,7 +47,7 @@ static Py_ssize_t apart_kernel(const int64_t *lengths, const int64_t *keys, Py_s
             tree[bin + leaves] = capacity;
         }
         tree[bin + leaves] -= length;
-        update(tree, bin + leaves);
+        tree_update(tree, bin + leaves);
         bins[i] = bin;
         if (key >= 0) last[key] = bin;
     }

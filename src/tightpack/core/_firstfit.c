@@ -58,12 +58,7 @@ static Py_ssize_t first_fit_kernel(const int64_t *lengths, Py_ssize_t n, int64_t
             tree[node] = capacity - length;
         }
         bins[i] = bin;
-        for (node >>= 1; node >= 1; node >>= 1) {
-            const int64_t left = tree[2 * node], right = tree[2 * node + 1];
-            const int64_t best = left >= right ? left : right;
-            if (tree[node] == best) break;
-            tree[node] = best;
-        }
+        tree_update(tree, node);
     }
     return opened;
 }

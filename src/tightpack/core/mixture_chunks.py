@@ -67,12 +67,12 @@ def pack_chunks(
         if not len(entries):
             continue
         part_lengths = lengths[entries]
-        keys = _copy_keys(samples[entries], np.zeros(len(entries), dtype=np.int64), part_lengths, pack_size)
+        keys = _copy_keys(samples[entries], part_lengths, pack_size)
         part, plan = _pack_chunk(part_lengths, keys, pack_size)
         placed = entries[part[plan.order]]  # stream places, pack by pack
         keep = np.ones(len(plan), dtype=bool)
         if index < last:  # a chunk ends a pack or so below full: those packs join the next chunk
-            loads = np.add.reduceat(lengths[placed], plan.offsets[:-1]) if len(placed) else np.zeros(0)
+            loads = np.add.reduceat(lengths[placed], plan.offsets[:-1])
             fresh = np.minimum.reduceat(placed >= first, plan.offsets[:-1]).astype(bool)  # not carried twice
             keep = ~((2 * loads < pack_size) & fresh)
         carried = placed[concatenated_ranges(plan.offsets[:-1][~keep], plan.pack_sizes[~keep])]
@@ -85,41 +85,35 @@ def pack_chunks(
     return PackPlan(order=order, offsets=np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
 
 
-def _copy_keys(samples: np.ndarray, chunk: np.ndarray, lengths: np.ndarray, pack_size: int) -> np.ndarray:
-    """Each entry's key for `first_fit_apart` within its chunk (the place there of the first copy its
-    key groups): the same for copies of a sample in one chunk, which then go to different packs; -1 for
-    an entry whose sample has no other copy in its chunk (most of them). A sample with more copies in a
-    chunk than half the packs the chunk's tokens fill (a few short rows repeated thousands of times)
-    cannot keep them all apart without packs of little else: its copies are dealt round into as few
-    groups as leave each group no more copies than that, and only the copies of one group are kept
-    apart (half, not all, of the packs: a group as large as the packs leaves its last copies no pack
-    with room but new ones).
+def _copy_keys(samples: np.ndarray, lengths: np.ndarray, pack_size: int) -> np.ndarray:
+    """Each entry's key for `first_fit_apart` among the entries packed together (the place of the
+    first copy its key groups): the same for copies of one sample, which then go to different packs;
+    -1 for an entry whose sample has no other copy there (most of them). A sample with more copies than
+    half the packs the entries' tokens fill (a few short rows repeated thousands of times) cannot keep
+    them all apart without packs of little else: its copies are dealt round into as few groups as leave
+    each group no more copies than that, and only the copies of one group are kept apart (half, not
+    all, of the packs: a group as large as the packs leaves its last copies no pack with room but new
+    ones).
 
-    >>> chunk = np.array([0, 0, 0, 0, 0, 0, 1])  # the first chunk's tokens fill 6 packs: 3 copies a group
-    >>> _copy_keys(np.array([7, 7, 8, 8, 8, 8, 9]), chunk, np.full(7, 5), 5).tolist()
-    [0, 0, 2, 3, 2, 3, -1]
+    >>> _copy_keys(np.array([7, 7, 8, 8, 8, 8, 9]), np.full(7, 5), 6)  # 6 packs' tokens: 3 copies a group
+    array([ 0,  0,  2,  3,  2,  3, -1])
     """
     keys = np.full(len(samples), -1, dtype=np.int64)
     if not len(samples):
         return keys
-    copies = stable_order(samples)  # each sample's copies together, in stream order (chunks rising)
-    sorted_samples, sorted_chunks = samples[copies], chunk[copies]
-    starts = np.empty(len(samples), dtype=bool)  # where a run (a sample's copies in one chunk) starts
-    starts[0] = True
-    np.not_equal(sorted_samples[1:], sorted_samples[:-1], out=starts[1:])
-    starts[1:] |= sorted_chunks[1:] != sorted_chunks[:-1]
+    copies = stable_order(samples)  # each sample's copies together, in stream order
+    sorted_samples = samples[copies]
+    starts = np.concatenate([[True], sorted_samples[1:] != sorted_samples[:-1]])  # each sample's first
     run = np.cumsum(starts) - 1
     counts = np.bincount(run)
     shared = counts[run] > 1
     if not shared.any():
         return keys
-    chunk_first = np.searchsorted(chunk, np.arange(int(chunk[-1]) + 2))
-    chunk_packs = -(-np.add.reduceat(lengths, chunk_first[:-1]) // pack_size)  # the volume bound
+    half = max(-(-int(lengths.sum()) // pack_size) // 2, 1)  # half the packs the tokens fill
     run_start = np.flatnonzero(starts)
-    rank = np.arange(len(samples)) - run_start[run]  # which copy of its run, in stream order
-    groups = -(-counts[run] // np.maximum(chunk_packs[sorted_chunks] // 2, 1))
-    first_of_group = copies[run_start[run] + rank % groups]  # stream place of its group's first copy
-    keys[copies[shared]] = (first_of_group - chunk_first[sorted_chunks])[shared]
+    rank = np.arange(len(samples)) - run_start[run]  # which copy of its sample, in stream order
+    first_of_group = copies[run_start[run] + rank % -(-counts[run] // half)]  # its group's first copy
+    keys[copies[shared]] = first_of_group[shared]
     return keys
 
 
